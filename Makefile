@@ -1,0 +1,36 @@
+# Common tasks. `make help` lists them.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARGS ?=
+
+.PHONY: help install train test test-fast lint format clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+install: $(BIN)/python ## create .venv and install the project with its dev tools
+	$(BIN)/pip install -e '.[dev]'
+
+train: ## train with the default config (pass overrides as ARGS="experiment=fast ...")
+	$(BIN)/python train.py $(ARGS)
+
+test: ## the whole test suite, slow tests included (what CI runs)
+	$(BIN)/python -m pytest -ra $(ARGS)
+
+test-fast: ## the quick tests only
+	$(BIN)/python -m pytest -ra -m "not slow" $(ARGS)
+
+lint: ## ruff check and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: ## apply ruff's formatting and safe fixes
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean: ## remove run outputs and caches (not the data, not .venv)
+	rm -rf outputs multirun lightning_logs .pytest_cache .ruff_cache

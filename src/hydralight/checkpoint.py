@@ -1,0 +1,22 @@
+"""Loading checkpoints the project did not just write: checked, and without running pickled code."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+from hydralight.errors import UserError
+from hydralight.model import Classifier
+
+
+def load_classifier(path: str | Path) -> Classifier:
+    """The model saved in a Lightning checkpoint, rebuilt from its own saved architecture."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"ckpt_path={path} does not exist; pass the .ckpt file of a run (its checkpoints/ folder)")
+    try:
+        # weights_only: tensors and plain containers only, so a planted pickle cannot run code.
+        return Classifier.load_from_checkpoint(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, RuntimeError, AttributeError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"ckpt_path={path} is not a checkpoint of this project ({reason[:200]})") from None

@@ -1,0 +1,240 @@
+"""MNIST as a LightningDataModule: torchvision's reader and downloader, checked files, two loaders."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from filelock import FileLock
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from hydralight.errors import UserError
+from hydralight.sampling import GlobalBatchSampler, ShardSampler
+
+MEAN, STD = 0.1307, 0.3081
+NUM_CLASSES = 10
+# File name -> (IDX magic number, number of dimensions); the magic encodes uint8 data and the rank.
+IDX_FILES = {
+    "train-images-idx3-ubyte": (2051, 3),
+    "train-labels-idx1-ubyte": (2049, 1),
+    "t10k-images-idx3-ubyte": (2051, 3),
+    "t10k-labels-idx1-ubyte": (2049, 1),
+}
+
+
+def raw_dir(data_dir: str | os.PathLike[str]) -> Path:
+    return Path(data_dir) / "MNIST" / "raw"
+
+
+def check_idx_file(path: Path) -> tuple[int, ...]:
+    """Validate an IDX file's magic number and length before torchvision reads it; return its shape."""
+    magic, ndim = IDX_FILES[path.name]
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        header = f.read(4 + 4 * ndim)
+    if len(header) < 4 or int.from_bytes(header[:4], "big") != magic:
+        found = int.from_bytes(header[:4], "big") if len(header) >= 4 else "nothing"
+        raise UserError(
+            f"{path} is not an MNIST IDX file (magic number {found}, expected {magic}); "
+            "delete it so it is downloaded again, or point DATA_DIR at a good copy"
+        )
+    if len(header) < 4 + 4 * ndim:
+        raise UserError(f"{path} is truncated inside its header; delete it so it is downloaded again")
+    shape = tuple(int.from_bytes(header[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    expected = len(header) + int(torch.tensor(shape).prod())
+    if size != expected:
+        raise UserError(
+            f"{path} has {size} bytes but its header {list(shape)} needs {expected}: the file is truncated "
+            "or corrupt; delete it so it is downloaded again, or point DATA_DIR at a good copy"
+        )
+    return shape
+
+
+def load_split(data_dir: str | os.PathLike[str], train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images (N, 28, 28) uint8 and labels (N,) int64 of one split, read by torchvision after checks."""
+    from torchvision.datasets import MNIST
+
+    prefix = "train" if train else "t10k"
+    images = raw_dir(data_dir) / f"{prefix}-images-idx3-ubyte"
+    labels = raw_dir(data_dir) / f"{prefix}-labels-idx1-ubyte"
+    n_images = check_idx_file(images)[0]
+    n_labels = check_idx_file(labels)[0]
+    if n_images != n_labels:
+        raise UserError(f"{images} holds {n_images} images but {labels} holds {n_labels} labels; replace the pair")
+    ds = MNIST(str(data_dir), train=train, download=False)
+    bad = (ds.targets < 0) | (ds.targets >= NUM_CLASSES)
+    if bool(bad.any()):
+        raise UserError(f"{labels} has label {int(ds.targets[bad][0])} outside 0-9; the file is corrupt")
+    return ds.data, ds.targets.long()
+
+
+class TensorImages(Dataset):
+    """A whole split as one uint8 tensor; a batch is one index operation, not N `__getitem__` calls."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        self.images = images.unsqueeze(1)  # (N, 1, 28, 28): channel first, still uint8
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        indices = torch.as_tensor(indices, device=self.labels.device)
+        return self.images[indices], self.labels[indices]
+
+    def to(self, device: torch.device) -> TensorImages:
+        return TensorImages(self.images.squeeze(1).to(device), self.labels.to(device))
+
+
+def _whole_batch(batch: Any) -> Any:
+    """collate_fn for `__getitems__` datasets: the batch is already stacked."""
+    return batch
+
+
+class MNISTDataModule(pl.LightningDataModule):
+    """MNIST train/val/test with a seeded 55,000/5,000 split and hardware-independent batching.
+
+    `loader="tensor"` keeps each split in memory (on the GPU when training there) and normalizes on
+    the device; `loader="torchvision"` is the classic per-sample Dataset + DataLoader with workers.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        loader: str = "tensor",
+        val_size: int = 5000,
+        download: bool = True,
+        global_batch_size: int = 128,
+        accumulation: int = 1,
+        eval_batch_size: int = 1000,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        drop_last: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if loader not in ("tensor", "torchvision"):
+            raise UserError(f"data.loader={loader} is not a loader; use data.loader=tensor or data.loader=torchvision")
+        self.data_dir = str(data_dir)
+        self.loader = loader
+        self.val_size = val_size
+        self.download = download
+        self.global_batch_size = global_batch_size
+        self.accumulation = accumulation
+        self.eval_batch_size = eval_batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.drop_last = drop_last
+        self.seed = seed
+        self.splits: dict[str, Dataset] = {}
+
+    def files_present(self) -> bool:
+        return all((raw_dir(self.data_dir) / name).is_file() for name in IDX_FILES)
+
+    def prepare_data(self) -> None:
+        """Download through torchvision when files are missing (Lightning calls this on one rank)."""
+        if self.files_present():
+            return
+        where = raw_dir(self.data_dir)
+        fix = f"set DATA_DIR (or data.data_dir) to a folder holding MNIST/raw/, or connect to the internet to download into {self.data_dir}"
+        if not self.download:
+            raise UserError(f"MNIST not found in {where} and data.download=false; {fix}")
+        from torchvision.datasets import MNIST
+
+        try:
+            Path(self.data_dir).mkdir(parents=True, exist_ok=True)
+            # Several jobs of a sweep may share the folder: one downloads, the others wait for it.
+            with FileLock(str(Path(self.data_dir) / "MNIST.lock")), contextlib.redirect_stdout(io.StringIO()):
+                # torchvision prints each failed mirror; the one line that matters is ours below.
+                if not self.files_present():
+                    MNIST(self.data_dir, train=True, download=True)
+                    MNIST(self.data_dir, train=False, download=True)
+        except OSError as err:
+            raise UserError(f"MNIST not found in {where} and the download failed ({err}); {fix}") from None
+        except RuntimeError as err:  # torchvision: "Error downloading ..." after every mirror failed
+            raise UserError(
+                f"MNIST not found in {where} and the download failed ({str(err).splitlines()[0]}); {fix}"
+            ) from None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        if not self.files_present():
+            self.prepare_data()
+        images, labels = load_split(self.data_dir, train=True)
+        if not 0 < self.val_size < len(labels):
+            raise UserError(f"data.val_size={self.val_size} must be between 1 and {len(labels) - 1}")
+        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
+        parts = {"train": order[self.val_size :], "val": order[: self.val_size]}
+        test_images, test_labels = load_split(self.data_dir, train=False)
+        if self.loader == "tensor":
+            device = self._device()
+            self.splits = {name: TensorImages(images[idx], labels[idx]).to(device) for name, idx in parts.items()}
+            self.splits["test"] = TensorImages(test_images, test_labels).to(device)
+        else:
+            from torchvision import transforms
+            from torchvision.datasets import MNIST
+
+            tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))])
+            train = MNIST(self.data_dir, train=True, download=False, transform=tf)
+            self.splits = {name: Subset(train, idx) for name, idx in parts.items()}
+            self.splits["test"] = MNIST(self.data_dir, train=False, download=False, transform=tf)
+
+    def _device(self) -> torch.device:
+        # The tensor loader keeps data where the model runs, so batches never cross the PCIe bus.
+        trainer = getattr(self, "trainer", None)
+        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _loader(self, dataset: Dataset, batch_sampler: Any) -> DataLoader:
+        if self.loader == "tensor":
+            return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=_whole_batch)
+        return DataLoader(
+            dataset,
+            batch_sampler=batch_sampler,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = self._rank_world()
+        sampler = GlobalBatchSampler(
+            len(self.splits["train"]),
+            self.global_batch_size,
+            accumulation=self.accumulation,
+            rank=rank,
+            world_size=world,
+            seed=self.seed,
+            drop_last=self.drop_last,
+        )
+        return self._loader(self.splits["train"], sampler)
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        rank, world = self._rank_world()
+        return self._loader(
+            self.splits[split], ShardSampler(len(self.splits[split]), self.eval_batch_size, rank, world)
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        x, y = batch
+        if x.dtype == torch.uint8:  # tensor loader: normalize on the device, after the cheap uint8 copy
+            x = x.float().div_(255.0).sub_(MEAN).div_(STD)
+        return x, y

@@ -1,0 +1,37 @@
+"""Errors a user can cause, reported as one line and a non-zero exit instead of a traceback."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """A problem with the user's input (config, hardware, data, checkpoint), with the fix in the message."""
+
+
+def reports_user_errors(fn: F) -> F:
+    """Turn a `UserError` raised by `fn` into `error: <message>` on stderr and exit code 2.
+
+    `HYDRA_FULL_ERROR=1` keeps the traceback, as it does for Hydra's own errors.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as err:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            # SystemExit passes through Hydra's own error reporting untouched.
+            raise SystemExit(EXIT_USER_ERROR) from None
+
+    return wrapper  # type: ignore[return-value]

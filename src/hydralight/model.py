@@ -1,0 +1,120 @@
+"""Networks for 28x28 digits and the LightningModule that trains any of them as a classifier."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from torch import nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+NUM_CLASSES = 10
+
+
+class SeedCNN(nn.Sequential):
+    """conv32 -> conv64 -> max-pool -> fc128 -> 10, the classic MNIST example network."""
+
+    def __init__(self, dropout: float = 0.25) -> None:
+        super().__init__(
+            nn.Conv2d(1, 32, 3), nn.ReLU(),
+            nn.Conv2d(32, 64, 3), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Dropout(dropout), nn.Flatten(),
+            nn.Linear(64 * 12 * 12, 128), nn.ReLU(), nn.Dropout(2 * dropout),
+            nn.Linear(128, NUM_CLASSES),
+        )  # fmt: skip
+
+
+class MLP(nn.Sequential):
+    """784 -> hidden... -> 10 with ReLU."""
+
+    def __init__(self, hidden: list[int] = (128, 256)) -> None:  # type: ignore[assignment]
+        sizes = [28 * 28, *hidden]
+        layers: list[nn.Module] = [nn.Flatten()]
+        for n_in, n_out in itertools.pairwise(sizes):
+            layers += [nn.Linear(n_in, n_out), nn.ReLU()]
+        super().__init__(*layers, nn.Linear(sizes[-1], NUM_CLASSES))
+
+
+class FastCNN(nn.Sequential):
+    """Two 5x5 conv + BatchNorm blocks and one hidden layer: cheap per sample, quick to converge."""
+
+    def __init__(self, channels: list[int] = (16, 32), hidden: int = 128) -> None:  # type: ignore[assignment]
+        c1, c2 = channels
+        super().__init__(
+            nn.Conv2d(1, c1, 5, padding=2), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(c2 * 7 * 7, hidden), nn.ReLU(), nn.Linear(hidden, NUM_CLASSES),
+        )  # fmt: skip
+
+
+def run_length_kwargs(factory: Any, lr: float, total_steps: int) -> dict[str, Any]:
+    """Arguments a scheduler needs that only the run knows (peak LR, number of steps)."""
+    params = inspect.signature(getattr(factory, "func", factory)).parameters
+    known = {"max_lr": lr, "total_steps": total_steps, "T_max": total_steps}
+    return {k: v for k, v in known.items() if k in params and k not in getattr(factory, "keywords", {})}
+
+
+class Classifier(pl.LightningModule):
+    """Cross-entropy classifier around a network built from its Hydra config.
+
+    The network and optimizer configs are saved as hyper-parameters, so a checkpoint rebuilds its own
+    architecture: `Classifier.load_from_checkpoint(path)` needs no config.
+    """
+
+    def __init__(
+        self, net: dict[str, Any], optimizer: dict[str, Any], lr: float, scheduler: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = instantiate(net)
+        self.train_loss = MeanMetric()
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_{name}": metric
+                for stage in ("val", "test")
+                for name, metric in (("loss", MeanMetric()), ("acc", MulticlassAccuracy(NUM_CLASSES, average="micro")))
+            }
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        # Step values are this rank's; the epoch value is reduced over all ranks and samples.
+        self.train_loss(loss.detach(), len(y))
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(y))
+        return loss
+
+    def _evaluate(self, stage: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        x, y = batch
+        logits = self(x)
+        loss, acc = self.metrics[f"{stage}_loss"], self.metrics[f"{stage}_acc"]
+        # Metric objects are synced over ranks at epoch end, weighted by samples, not averaged per rank.
+        loss(F.cross_entropy(logits, y), len(y))
+        acc(logits, y)
+        self.log(f"{stage}/loss", loss, on_epoch=True, batch_size=len(y))
+        self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=True, batch_size=len(y))
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate("val", batch)
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate("test", batch)
+
+    def configure_optimizers(self) -> Any:
+        lr = self.hparams.lr
+        optimizer = instantiate(self.hparams.optimizer)(self.parameters(), lr=lr)
+        if not self.hparams.scheduler:
+            return optimizer
+        factory = instantiate(self.hparams.scheduler)
+        total = int(self.trainer.estimated_stepping_batches)
+        scheduler = factory(optimizer, **run_length_kwargs(factory, lr, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,93 @@
+"""Batch samplers that make training independent of the number of processes.
+
+Lightning's DistributedSampler shuffles per world size and pads the last batch with repeats, so a run
+on 2 GPUs sees other samples than on 1 and evaluation counts some samples twice. Here one seeded
+permutation defines the global batches; each rank takes its contiguous share of every global batch,
+and evaluation shards are disjoint, unpadded slices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+class GlobalBatchSampler(Sampler[torch.Tensor]):
+    """Yields this rank's micro-batches (index tensors) of each global batch, epoch by epoch.
+
+    One optimizer step consumes `global_size` samples of the epoch's permutation: rank r takes the
+    r-th of `world_size` equal slices and splits it into `accumulation` micro-batches.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        global_size: int,
+        accumulation: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = True,
+    ) -> None:
+        if global_size % (world_size * accumulation):
+            raise ValueError(
+                f"global batch {global_size} is not divisible by world size {world_size} x accumulation {accumulation}"
+            )
+        if num_samples < global_size and drop_last:
+            raise ValueError(f"{num_samples} samples cannot fill one global batch of {global_size}")
+        self.num_samples = num_samples
+        self.global_size = global_size
+        self.accumulation = accumulation
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.epoch = 0
+        # First global step of the epoch to yield; set when resuming inside an epoch.
+        self.start_step = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def steps_per_epoch(self) -> int:
+        full, rest = divmod(self.num_samples, self.global_size)
+        # A partial last batch is kept only if every micro-batch of every rank gets a sample.
+        return full + int(not self.drop_last and rest >= self.world_size * self.accumulation)
+
+    def order(self) -> torch.Tensor:
+        """The epoch's global sample order, identical on every rank and for every world size."""
+        if not self.shuffle:
+            return torch.arange(self.num_samples)
+        gen = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_samples, generator=gen)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        order = self.order()
+        for step in range(self.start_step, self.steps_per_epoch()):
+            batch = order[step * self.global_size : (step + 1) * self.global_size]
+            share = torch.tensor_split(batch, self.world_size)[self.rank]
+            yield from torch.tensor_split(share, self.accumulation)
+        self.start_step = 0
+
+    def __len__(self) -> int:
+        return (self.steps_per_epoch() - self.start_step) * self.accumulation
+
+
+class ShardSampler(Sampler[torch.Tensor]):
+    """Evaluation batches over this rank's contiguous shard: every sample counted exactly once."""
+
+    def __init__(self, num_samples: int, batch_size: int, rank: int = 0, world_size: int = 1) -> None:
+        if num_samples < world_size:
+            raise ValueError(f"{num_samples} samples cannot be shared by {world_size} processes")
+        shard = torch.tensor_split(torch.arange(num_samples), world_size)[rank]
+        self.batches = list(torch.split(shard, batch_size))
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)

@@ -1,0 +1,51 @@
+"""The Lightning Trainer and its callbacks, built from `trainer.*`, `callbacks.*` and the plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import Callback, LearningRateMonitor
+from pytorch_lightning.loggers import Logger
+from pytorch_lightning.strategies import Strategy
+
+from hydralight.errors import UserError
+from hydralight.plan import Plan
+
+# Trainer arguments that the hardware/strategy/batch groups own: one place to set each.
+PLANNED = {
+    "accelerator": "hardware.accelerator",
+    "devices": "hardware.devices",
+    "num_nodes": "hardware.num_nodes",
+    "strategy": "strategy=<name>",
+    "accumulate_grad_batches": "batch.max_per_device or batch.accumulation",
+    "sync_batchnorm": "model.sync_batchnorm",
+    "use_distributed_sampler": "nothing (the data module shards by rank itself)",
+}
+
+
+def build_callbacks(cfg: DictConfig, loggers: list[Logger]) -> list[Callback]:
+    callbacks = [instantiate(spec) for spec in (cfg.get("callbacks") or {}).values() if spec is not None]
+    # The LR monitor writes to a logger; with logger=none it would refuse to start.
+    return [c for c in callbacks if loggers or not isinstance(c, LearningRateMonitor)]
+
+
+def build_trainer(
+    cfg: DictConfig, plan: Plan, strategy: str | Strategy, callbacks: list[Callback], loggers: list[Logger]
+) -> pl.Trainer:
+    options: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
+    for key, owner in PLANNED.items():
+        if options.get(key) is not None:
+            raise UserError(f"trainer.{key} is set by the plan; set {owner} instead")
+    options = {k: v for k, v in options.items() if v is not None and k not in PLANNED}
+    options = instantiate(options, _convert_="all")  # e.g. trainer.profiler={_target_: ...}
+    options.update(plan.trainer_kwargs())
+    return pl.Trainer(
+        **options,
+        strategy=strategy,
+        sync_batchnorm=bool(cfg.model.get("sync_batchnorm", False)),
+        callbacks=callbacks,
+        logger=loggers or False,
+    )

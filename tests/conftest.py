@@ -1,0 +1,87 @@
+"""Shared fixtures: small IDX files written on the fly, the real MNIST when present, a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write a uint8 array in the IDX format (magic 0x0000080N, big-endian dims, raw bytes)."""
+    header = (0x0800 + array.ndim).to_bytes(4, "big") + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def make_mnist(root: Path, n_train: int = 600, n_test: int = 200, seed: int = 0) -> Path:
+    """A learnable stand-in for MNIST: each class lights its own horizontal band, plus noise."""
+    rng = np.random.default_rng(seed)
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        labels = rng.integers(0, 10, size=n)
+        images = rng.integers(0, 60, size=(n, 28, 28))
+        for i, label in enumerate(labels):
+            images[i, 2 + 2 * label : 4 + 2 * label, 4:24] = 255
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_mnist(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture()
+def fresh_data(tmp_path: Path) -> Path:
+    """Tiny MNIST the test may damage."""
+    return make_mnist(tmp_path / "data")
+
+
+@pytest.fixture(scope="session")
+def real_data() -> Path:
+    """The real MNIST in DATA_DIR; a missing copy fails in CI and skips elsewhere."""
+    data_dir = os.environ.get("DATA_DIR")
+    raw = Path(data_dir or "data") / "MNIST" / "raw"
+    if (raw / "train-images-idx3-ubyte").is_file():
+        return raw.parents[1]
+    message = f"real MNIST not found in {raw} (set DATA_DIR to a folder holding MNIST/raw/)"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+# Overrides that keep a CLI run to a few seconds on tiny data.
+TINY = [
+    "data.val_size=100",
+    "batch.global_size=32",
+    "batch.eval_size=50",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=4",
+    "model=mlp",
+    "hardware=cpu",
+    "trainer.log_every_n_steps=1",
+]
+
+
+def run_cli(
+    args: list[str], run_dir: Path, data_dir: Path | None = None, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess:
+    """`python train.py ARGS hydra.run.dir=RUN_DIR` from the repository root, output captured."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("DATA_DIR", "WANDB_API_KEY")}
+    environ.update(env)
+    if data_dir is not None:
+        environ["DATA_DIR"] = str(data_dir)
+    has_dir = any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for a in args)
+    command = [sys.executable, str(ROOT / "train.py"), *args]
+    if not has_dir and "-m" not in args and "--multirun" not in args:
+        command.append(f"hydra.run.dir={run_dir}")
+    return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,18 @@
+"""The one-epoch recipe on the real MNIST: >= 99.0% test accuracy on CPU."""
+
+import json
+
+import pytest
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_experiment_fast_reaches_99_percent_in_one_epoch(real_data, tmp_path):
+    run = tmp_path / "fast"
+    result = run_cli(["experiment=fast", "hardware=cpu", "logger=none"], run, real_data, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((run / "results.json").read_text())
+    assert results["test/acc"] >= 0.99, results
+    assert (results["epochs"], results["global_step"]) == (1, 55_000 // 64)

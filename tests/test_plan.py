@@ -1,0 +1,111 @@
+import math
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from hydralight.errors import UserError
+from hydralight.plan import Machine, check_plan, make_plan
+from hydralight.train import CONFIG_DIR
+
+CPU_BOX = Machine(gpus=0, cpu_cores=2, memory_gb=24)
+H100_BOX = Machine(gpus=8, gpu_name="NVIDIA H100", bf16=True, tf32=True, cpu_cores=96, memory_gb=2000)
+T4_BOX = Machine(gpus=1, gpu_name="Tesla T4", bf16=False, tf32=False, cpu_cores=8, memory_gb=64)
+PROFILES = {"cpu": 1, "1gpu": 1, "4gpu": 4, "8gpu": 8, "2x8gpu": 16}
+
+
+def config(*overrides: str):
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("profile,world", PROFILES.items())
+@pytest.mark.parametrize("cap", [None, 8, 32])
+def test_global_batch_is_invariant(profile, world, cap):
+    overrides = [f"hardware={profile}", "batch.global_size=256"]
+    if cap:
+        overrides.append(f"batch.max_per_device={cap}")
+    plan = make_plan(config(*overrides), H100_BOX)
+    task = plan.task
+    assert plan.hardware.world_size == world
+    assert task.per_device_batch * world * task.accumulation == 256
+    if cap:
+        assert task.per_device_batch <= cap
+    else:
+        assert task.accumulation == 1
+
+
+def test_profiles_resolve_on_a_pretend_machine():
+    plan = make_plan(config("hardware=8gpu", "precision=bf16-mixed"), H100_BOX)
+    assert (plan.hardware.accelerator, plan.hardware.devices, plan.hardware.gpus_per_node) == ("gpu", 8, 8)
+    assert (plan.framework.strategy, plan.framework.backend) == ("ddp", "nccl")
+    assert plan.framework.matmul_precision == "high"
+    assert plan.framework.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert plan.task.pin_memory is False  # the tensor loader has no host batches to pin
+    check_plan(plan, H100_BOX)
+    two_nodes = make_plan(config("hardware=2x8gpu"), H100_BOX)
+    assert (two_nodes.hardware.num_nodes, two_nodes.hardware.world_size) == (2, 16)
+
+
+def test_auto_hardware_follows_the_machine():
+    assert make_plan(config(), CPU_BOX).hardware.accelerator == "cpu"
+    gpu = make_plan(config(), H100_BOX)
+    assert (gpu.hardware.accelerator, gpu.hardware.devices, gpu.framework.strategy) == ("gpu", 8, "ddp")
+    cpu2 = make_plan(config("hardware=cpu", "hardware.devices=2"), CPU_BOX)
+    assert (cpu2.framework.strategy, cpu2.framework.backend, cpu2.hardware.cpus_per_process) == ("ddp", "gloo", 1)
+    single = make_plan(config("hardware=cpu"), CPU_BOX)
+    assert (single.framework.strategy, single.framework.backend) == ("auto", None)
+
+
+@pytest.mark.parametrize("rule,factor", [("none", 1.0), ("linear", 4.0), ("sqrt", 2.0)])
+def test_learning_rate_scaling(rule, factor):
+    plan = make_plan(
+        config("optim.lr=0.001", f"optim.lr_scaling={rule}", "batch.global_size=512", "batch.reference_size=128"),
+        CPU_BOX,
+    )
+    assert math.isclose(plan.task.lr, 0.001 * factor)
+
+
+def test_loader_workers_never_exceed_a_process_cores():
+    plan = make_plan(config("hardware=4gpu", "data.loader=torchvision", "hardware.cpus_per_task=6"), H100_BOX)
+    assert plan.task.num_workers == 5 and plan.task.persistent_workers and plan.task.pin_memory
+    cpu = make_plan(config("hardware=cpu", "data.loader=torchvision"), CPU_BOX)
+    assert cpu.task.num_workers == 1 and not cpu.task.pin_memory
+    assert make_plan(config("hardware=cpu"), CPU_BOX).task.num_workers == 0
+
+
+@pytest.mark.parametrize(
+    "overrides,machine,message",
+    [
+        (["hardware=4gpu"], CPU_BOX, "asks for 4 GPU.* has no CUDA GPU; use hardware=auto or hardware=cpu"),
+        (["hardware=4gpu"], T4_BOX, "has 1 GPU.*hardware.devices=1"),
+        (["hardware=1gpu", "precision=bf16-mixed"], T4_BOX, "Tesla T4 has no bfloat16"),
+        (["hardware=cpu", "precision=16-mixed"], CPU_BOX, "precision=16-mixed needs a CUDA GPU"),
+        (["hardware=2x8gpu"], H100_BOX, "num_nodes=2 needs a launcher"),
+    ],
+)
+def test_machine_checks(overrides, machine, message):
+    with pytest.raises(UserError, match=message):
+        check_plan(make_plan(config(*overrides), machine), machine)
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["hardware=8gpu", "batch.global_size=100"], "not divisible by world size 8"),
+        (["hardware=8gpu", "batch.global_size=4"], "smaller than the 8 processes"),
+        (["batch.global_size=0"], "batch.global_size=0 must be a positive integer"),
+        (["batch.global_size=-32"], "batch.global_size=-32 must be a positive integer"),
+        (["optim.lr=0"], "optim.lr=0 must be positive"),
+        (["optim.lr_scaling=cubic"], "not a rule"),
+        (["hardware=8gpu", "batch.global_size=20", "batch.max_per_device=2"], "cannot be split"),
+    ],
+)
+def test_bad_task_settings(overrides, message):
+    with pytest.raises(UserError, match=message):
+        make_plan(config(*overrides), H100_BOX)
+
+
+def test_plan_table_lists_all_three_layers():
+    text = make_plan(config("hardware=8gpu", "batch.global_size=512", "batch.max_per_device=32"), H100_BOX).table()
+    for expected in ("hardware", "framework", "task", "per_device_batch", "32", "accumulation", "nccl"):
+        assert expected in text

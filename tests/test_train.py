@@ -1,0 +1,140 @@
+"""The entrypoint end to end, through the real command line, on tiny generated data."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, TINY, run_cli
+
+
+def test_train_writes_checkpoint_metrics_and_record(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    result = run_cli(TINY, run, tiny_data)
+    assert result.returncode == 0, result.stderr
+    match = re.search(r"^test/acc=(\d\.\d+)", result.stdout, re.M)
+    assert match, result.stdout
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    assert (run / "config.yaml").is_file() and (run / "plan.yaml").is_file()
+    results = json.loads((run / "results.json").read_text())
+    assert abs(results["test/acc"] - float(match.group(1))) < 1e-4
+    assert results["best_checkpoint"].startswith(str(run / "checkpoints"))
+    metrics = (run / "csv" / "metrics.csv").read_text()
+    for column in ("train/loss_step", "val/acc", "val/loss", "test/acc", "lr-Adam"):
+        assert column in metrics
+
+
+def test_eval_of_a_checkpoint_reproduces_the_reported_accuracy(tiny_data, tmp_path):
+    train = run_cli([*TINY, "trainer.limit_train_batches=8"], tmp_path / "train", tiny_data)
+    assert train.returncode == 0, train.stderr
+    reported = json.loads((tmp_path / "train" / "results.json").read_text())
+    evaluated = run_cli(
+        [*TINY, "model=cnn", "mode=eval", f"ckpt_path={reported['best_checkpoint']}"], tmp_path / "eval", tiny_data
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    again = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert again["test/acc"] == pytest.approx(reported["test/acc"], abs=1e-6)
+
+
+def test_same_seed_same_numbers(tiny_data, tmp_path):
+    accs = []
+    for name in ("a", "b"):
+        result = run_cli([*TINY, "model=cnn", "seed=7"], tmp_path / name, tiny_data)
+        assert result.returncode == 0, result.stderr
+        accs.append(json.loads((tmp_path / name / "results.json").read_text())["metrics"])
+    assert accs[0] == accs[1]
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_missing_data_offline_is_one_clear_line(tmp_path):
+    empty = tmp_path / "empty"
+    # A proxy nobody listens on makes the download fail at once, internet or not.
+    offline = {
+        "http_proxy": "http://127.0.0.1:9",
+        "https_proxy": "http://127.0.0.1:9",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+    }
+    line = one_error_line(run_cli(TINY, tmp_path / "run", empty, **offline))
+    assert str(empty / "MNIST" / "raw") in line
+    assert "DATA_DIR" in line and "internet" in line
+
+
+def test_corrupt_file_is_one_clear_line(fresh_data, tmp_path):
+    path = fresh_data / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:1000])
+    line = one_error_line(run_cli(TINY, tmp_path / "run", fresh_data))
+    assert "train-images-idx3-ubyte" in line and "truncated" in line
+
+
+def test_gpu_profile_refused_here_and_no_run_dir_left(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    line = one_error_line(run_cli([*TINY, "hardware=4gpu", "precision=bf16-mixed"], run, tiny_data))
+    assert "4 GPU(s)" in line and "hardware=auto" in line
+    assert not run.exists()
+
+
+def test_plan_flag_plans_for_a_cluster_from_here(tmp_path):
+    run = tmp_path / "run"
+    result = run_cli(["hardware=8gpu", "batch.global_size=512", "batch.max_per_device=32", "plan=true"], run)
+    assert result.returncode == 0, result.stderr
+    assert "per_device_batch" in result.stdout and "nccl" in result.stdout
+    assert re.search(r"accumulation\s+│\s+2", result.stdout), result.stdout
+    assert not run.exists()
+
+
+def test_bad_batch_is_refused(tiny_data, tmp_path):
+    line = one_error_line(run_cli([*TINY, "batch.global_size=0"], tmp_path / "run", tiny_data))
+    assert "batch.global_size=0" in line
+
+
+def test_cfg_job_does_not_import_torch():
+    code = (
+        "import sys; sys.argv = ['train.py', '--cfg', 'job'];"
+        "from hydralight.train import main; main()\n"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "hardware:" in result.stdout
+
+
+@pytest.mark.parametrize("debug", ["fast_dev_run", "overfit", "profiler"])
+def test_debug_presets_run(tiny_data, tmp_path, debug):
+    run = tmp_path / "run"
+    extra = ["trainer.max_epochs=2"] if debug == "overfit" else []
+    result = run_cli([*TINY, f"debug={debug}", *extra], run, tiny_data)
+    assert result.returncode == 0, result.stderr
+    if debug == "profiler":
+        assert any((run / "profiler").iterdir())
+
+
+@pytest.mark.parametrize("logger", ["tensorboard", "none"])
+def test_loggers_run(tiny_data, tmp_path, logger):
+    run = tmp_path / "run"
+    result = run_cli([*TINY, f"logger={logger}"], run, tiny_data)
+    assert result.returncode == 0, result.stderr
+    if logger == "tensorboard":
+        assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_wandb_logger_runs_offline_without_a_key(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    result = run_cli([*TINY, "logger=wandb"], run, tiny_data, WANDB_SILENT="true", HOME=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    runs = list((run / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert list(runs[0].glob("*.wandb"))
+
+
+def test_classic_loader_trains(tiny_data, tmp_path):
+    result = run_cli([*TINY, "data.loader=torchvision"], tmp_path / "run", tiny_data)
+    assert result.returncode == 0, result.stderr

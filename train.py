@@ -1,0 +1,6 @@
+"""`python train.py [overrides]`: see README.md. The entrypoint lives in the hydralight package."""
+
+from hydralight.train import main
+
+if __name__ == "__main__":
+    main()
