@@ -8,20 +8,29 @@ job's own directory, so a job's ranks always run that job and nothing else.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytorch_lightning as pl
 from omegaconf import DictConfig
+from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.strategies import DDPStrategy, Strategy
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from torch.nn import SyncBatchNorm
 
 from hydralight.plan import Plan
 
 WORKER_MODULE = "hydralight.worker"
+# Rank processes this process started for the current job, waited for when the job ends.
+_children: list[subprocess.Popen] = []
 
 
 class JobScriptLauncher(_SubprocessScriptLauncher):
@@ -46,6 +55,7 @@ class JobScriptLauncher(_SubprocessScriptLauncher):
             child_env = {**os.environ, "LOCAL_RANK": str(local_rank)}
             command = [sys.executable, "-m", WORKER_MODULE, str(self.config_file)]
             self.procs.append(subprocess.Popen(command, env=child_env))
+        _children.extend(self.procs)
 
 
 class JobDDPStrategy(DDPStrategy):
@@ -63,6 +73,22 @@ class JobDDPStrategy(DDPStrategy):
             )
 
 
+class SpawnDDPStrategy(DDPStrategy):
+    """`ddp_spawn` whose spawned workers close their process group before they exit.
+
+    A worker that exits with a live gloo group can abort in the group's threads ("terminate called
+    without an active exception"), failing a run that had finished.
+    """
+
+    def teardown(self) -> None:
+        super().teardown()
+        import torch.distributed as dist
+
+        # Only the spawned workers hold a group; each stage (fit, test) spawns new ones.
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def build_strategy(cfg: DictConfig, plan: Plan, config_file: Path) -> str | Strategy:
     """The Lightning strategy for the plan; `config_file` is the job's saved, resolved config."""
     name = plan.framework.strategy
@@ -74,5 +100,60 @@ def build_strategy(cfg: DictConfig, plan: Plan, config_file: Path) -> str | Stra
         "timeout": timedelta(seconds=int(cfg.strategy.get("timeout_s", 1800))),
     }
     if name == "ddp_spawn":
-        return DDPStrategy(start_method="spawn", **options)
+        return SpawnDDPStrategy(start_method="spawn", **options)
     return JobDDPStrategy(config_file=config_file, **options)
+
+
+@contextlib.contextmanager
+def job_scope(child_timeout_s: float = 120) -> Iterator[None]:
+    """Leave this process as the job found it, so the next job of a sweep starts clean.
+
+    A DDP job sets MASTER_PORT, LOCAL_RANK, WORLD_SIZE... in os.environ and opens a process group;
+    left in place, the next job would believe it was started by an external launcher and spawn nobody.
+    """
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(saved)
+        while _children:
+            child = _children.pop()
+            try:
+                child.wait(timeout=child_timeout_s)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+class RankRecord(Callback):
+    """Each rank writes `ranks/rank<N>.json` (host, pid, device, learning rate) into the run dir at fit start.
+
+    Shows which processes ran a job and with what settings: the first thing to check when a
+    multi-node or multirun job misbehaves.
+    """
+
+    def __init__(self, output_dir: str) -> None:
+        self.output_dir = Path(output_dir)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        folder = self.output_dir / "ranks"
+        folder.mkdir(parents=True, exist_ok=True)
+        record = {
+            "global_rank": trainer.global_rank,
+            "local_rank": trainer.local_rank,
+            "node_rank": trainer.node_rank,
+            "world_size": trainer.world_size,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "device": str(pl_module.device),
+            "lr": pl_module.hparams.get("lr"),
+            "sync_batchnorm_layers": sum(isinstance(m, SyncBatchNorm) for m in pl_module.modules()),
+            "launcher": type(trainer.strategy.cluster_environment).__name__
+            if hasattr(trainer.strategy, "cluster_environment")
+            else None,
+        }
+        (folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(record, indent=2) + "\n")

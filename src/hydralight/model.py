@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 NUM_CLASSES = 10
@@ -78,7 +78,11 @@ class Classifier(pl.LightningModule):
             {
                 f"{stage}_{name}": metric
                 for stage in ("val", "test")
-                for name, metric in (("loss", MeanMetric()), ("acc", MulticlassAccuracy(NUM_CLASSES, average="micro")))
+                for name, metric in (
+                    ("loss", MeanMetric()),
+                    ("acc", MulticlassAccuracy(NUM_CLASSES, average="micro")),
+                    ("samples", SumMetric()),  # proves each sample is counted once, whatever the world size
+                )
             }
         )
 
@@ -96,12 +100,14 @@ class Classifier(pl.LightningModule):
     def _evaluate(self, stage: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         x, y = batch
         logits = self(x)
-        loss, acc = self.metrics[f"{stage}_loss"], self.metrics[f"{stage}_acc"]
+        loss, acc, samples = (self.metrics[f"{stage}_{name}"] for name in ("loss", "acc", "samples"))
         # Metric objects are synced over ranks at epoch end, weighted by samples, not averaged per rank.
         loss(F.cross_entropy(logits, y), len(y))
         acc(logits, y)
+        samples(len(y))
         self.log(f"{stage}/loss", loss, on_epoch=True, batch_size=len(y))
         self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=True, batch_size=len(y))
+        self.log(f"{stage}/samples", samples, on_epoch=True, batch_size=len(y))
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate("val", batch)

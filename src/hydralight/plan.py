@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from hydralight.errors import UserError
+from hydralight.launchers import external_launcher
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
 STRATEGIES = ("auto", "ddp", "ddp_spawn")
@@ -68,6 +69,7 @@ class FrameworkPlan:
     backend: str | None  # process-group backend; None for a single process
     precision: str
     matmul_precision: str | None  # torch.set_float32_matmul_precision, on GPUs with TF32
+    sync_batchnorm: bool = False  # BatchNorm statistics over all ranks (CUDA only in torch)
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -102,6 +104,7 @@ class Plan:
             "num_nodes": self.hardware.num_nodes,
             "precision": self.framework.precision,
             "accumulate_grad_batches": self.task.accumulation,
+            "sync_batchnorm": self.framework.sync_batchnorm,
             # Our samplers shard by rank themselves; Lightning's DistributedSampler would re-shuffle and pad.
             "use_distributed_sampler": False,
         }
@@ -195,6 +198,7 @@ def _framework(cfg: DictConfig, hw: HardwarePlan, machine: Machine) -> Framework
         # TF32 matmuls keep fp32 range at a fraction of the cost; Ampere and newer have them. Planning
         # from a machine without GPUs assumes a current GPU.
         matmul_precision="high" if gpu and (machine.tf32 or machine.gpus == 0) else None,
+        sync_batchnorm=bool(cfg.model.get("sync_batchnorm", False)) and hw.world_size > 1,
         env=env,
     )
 
@@ -272,11 +276,6 @@ def make_plan(cfg: DictConfig, machine: Machine) -> Plan:
     return Plan(hardware=hw, framework=_framework(cfg, hw, machine), task=_task(cfg, hw))
 
 
-def launched_externally() -> bool:
-    """True when torchrun or SLURM started one process per device (and so one per node)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) > 1
-
-
 def check_plan(plan: Plan, machine: Machine) -> None:
     """Refuse, with the fix, a plan this machine cannot run."""
     hw, fw = plan.hardware, plan.framework
@@ -288,10 +287,14 @@ def check_plan(plan: Plan, machine: Machine) -> None:
             else f"use hardware=auto or hardware.devices={machine.gpus}"
         )
         raise UserError(f"the plan asks for {hw.devices} GPU(s) per node but this machine has {found}; {fix}")
-    if hw.num_nodes > 1 and not launched_externally():
+    if hw.num_nodes > 1 and external_launcher() is None:
         raise UserError(
             f"hardware.num_nodes={hw.num_nodes} needs a launcher that starts every node: submit with "
             "hydra/launcher=slurm or start each node with torchrun --nnodes; or use hardware.num_nodes=1"
+        )
+    if hw.accelerator == "cpu" and fw.sync_batchnorm:
+        raise UserError(
+            "model.sync_batchnorm=true needs CUDA GPUs (torch's SyncBatchNorm has no CPU kernel); use model.sync_batchnorm=false on CPU"
         )
     if hw.accelerator == "cpu" and fw.precision in ("16-mixed", "16-true"):
         raise UserError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -9,15 +10,42 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydra.utils import instantiate
+from lightning_fabric.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.loggers import CSVLogger, Logger
+from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
 if TYPE_CHECKING:
-    from pytorch_lightning.loggers import Logger
-
     from hydralight.plan import Plan
 
 # What a run writes before it has done anything: Hydra's record and log, our config and plan.
 RECORD_ONLY = {".hydra", "config.yaml", "plan.yaml"}
+
+
+class _AppendingWriter(ExperimentWriter):
+    def _record_new_keys(self) -> set[str]:
+        # The file may have been started by another process (or another copy of this writer).
+        if os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as f:
+                header = next(csv.reader(f), [])
+            self.metrics_keys = sorted(set(self.metrics_keys) | set(header))
+        return super()._record_new_keys()
+
+
+class AppendingCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, able to append to a metrics.csv that another process started.
+
+    Lightning's writer forgets the file's columns when a new process opens it (a resumed run, or the
+    test stage of `ddp_spawn`) and then fails to rewrite the header. This one reads them back first.
+    """
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            os.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
 
 
 def wandb_mode(requested: str) -> str:

@@ -6,12 +6,14 @@ Heavy imports (torch, Lightning) happen inside `run`, so `python train.py --cfg 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from hydralight.errors import UserError, reports_user_errors
+from hydralight.launchers import is_rank_zero, with_shared_run_dir
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
@@ -21,14 +23,16 @@ def run(cfg: DictConfig) -> float | None:
     import pytorch_lightning as pl
     import torch
     from hydra.utils import instantiate
-    from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
     from hydralight.checkpoint import load_classifier
-    from hydralight.distributed import build_strategy
+    from hydralight.distributed import build_strategy, job_scope
     from hydralight.model import Classifier
     from hydralight.plan import Machine, check_plan, make_plan
     from hydralight.tracking import build_loggers, save_results, save_run_record
     from hydralight.trainer import build_callbacks, build_trainer
+
+    # Lightning-internal deprecation that users cannot act on, printed once per rank.
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
 
     # 1. Plan: hardware -> framework -> task, refused here if this machine cannot run it.
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -43,43 +47,46 @@ def run(cfg: DictConfig) -> float | None:
     if cfg.mode == "eval" and not cfg.ckpt_path:
         raise UserError("mode=eval needs the checkpoint to test: add ckpt_path=PATH/TO/file.ckpt")
     output_dir = Path(cfg.paths.output_dir)
-    is_rank_zero = rank_zero_only.rank == 0
-    config_file = save_run_record(output_dir, cfg, plan) if is_rank_zero else output_dir / "config.yaml"
-    os.environ.update(plan.framework.env)
+    config_file = save_run_record(output_dir, cfg, plan) if is_rank_zero() else output_dir / "config.yaml"
     if plan.framework.matmul_precision:
         torch.set_float32_matmul_precision(plan.framework.matmul_precision)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
-    # 2. Build: data, model, callbacks, loggers, trainer.
-    datamodule = instantiate(cfg.data, **plan.data_kwargs(), drop_last=cfg.batch.drop_last, seed=cfg.seed)
-    if cfg.mode == "eval":
-        model = load_classifier(cfg.ckpt_path)
-    else:
-        model = Classifier(
-            net=OmegaConf.to_container(cfg.model.net),
-            optimizer=OmegaConf.to_container(cfg.optim.optimizer),
-            scheduler=OmegaConf.to_container(cfg.optim.scheduler) if cfg.optim.get("scheduler") else None,
-            lr=plan.task.lr,
+    with job_scope():  # a sweep's next job starts with this process as it is now
+        os.environ.update(plan.framework.env)
+        # 2. Build: data, model, callbacks, loggers, trainer.
+        datamodule = instantiate(cfg.data, **plan.data_kwargs(), drop_last=cfg.batch.drop_last, seed=cfg.seed)
+        if cfg.mode == "eval":
+            model = load_classifier(cfg.ckpt_path)
+        else:
+            model = Classifier(
+                net=OmegaConf.to_container(cfg.model.net),
+                optimizer=OmegaConf.to_container(cfg.optim.optimizer),
+                scheduler=OmegaConf.to_container(cfg.optim.scheduler) if cfg.optim.get("scheduler") else None,
+                lr=plan.task.lr,
+            )
+        loggers = build_loggers(cfg, plan)
+        trainer = build_trainer(
+            cfg, plan, build_strategy(cfg, plan, config_file), build_callbacks(cfg, loggers), loggers
         )
-    loggers = build_loggers(cfg, plan)
-    trainer = build_trainer(cfg, plan, build_strategy(cfg, plan, config_file), build_callbacks(cfg, loggers), loggers)
 
-    # 3. Fit, then test the best checkpoint (the one `mode=eval` would be given).
-    best = None
-    if cfg.mode == "train":
-        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None
-    tested = trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False)
+        # 3. Fit, then test the best checkpoint (the one `mode=eval` would be given).
+        best, metrics = None, {}
+        if cfg.mode == "train":
+            trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None
+            metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        tested = trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False)
 
-    # 4. Report.
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    test_acc = tested[0]["test/acc"] if tested else None
-    if trainer.is_global_zero:
-        summary = {"epochs": trainer.current_epoch, "global_step": trainer.global_step, "best_checkpoint": best}
-        save_results(output_dir, {**summary, "metrics": metrics, "test/acc": test_acc})
-        print(
-            f"test/acc={test_acc:.4f} (checkpoint: {best or cfg.ckpt_path or 'final weights'}; run dir: {output_dir})"
-        )
+        # 4. Report.
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
+        test_acc = tested[0]["test/acc"] if tested else None
+        if trainer.is_global_zero:
+            summary = {"epochs": trainer.current_epoch, "global_step": trainer.global_step, "best_checkpoint": best}
+            save_results(output_dir, {**summary, "metrics": metrics, "test/acc": test_acc})
+            print(
+                f"test/acc={test_acc:.4f} (checkpoint: {best or cfg.ckpt_path or 'final weights'}; run dir: {output_dir})"
+            )
     return test_acc
 
 
@@ -103,6 +110,7 @@ def main(cfg: DictConfig) -> float | None:
     return result
 
 
-def is_rank_zero() -> bool:
-    """Rank as the launchers (torchrun, SLURM, our DDP workers) announce it in the environment."""
-    return all(os.environ.get(var, "0") == "0" for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK"))
+def cli() -> None:
+    """`python train.py`: every rank of a torchrun/srun launch shares one run dir, then Hydra runs."""
+    with_shared_run_dir()
+    main()

@@ -45,7 +45,6 @@ def build_trainer(
     return pl.Trainer(
         **options,
         strategy=strategy,
-        sync_batchnorm=bool(cfg.model.get("sync_batchnorm", False)),
         callbacks=callbacks,
         logger=loggers or False,
     )

@@ -1,0 +1,61 @@
+"""Who started this process: a plain `python`, torchrun, or SLURM's srun, and what follows for the run dir.
+
+Kept free of torch and Lightning imports: it runs before Hydra composes anything.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Arguments that pick the run dir themselves; when the user gives one, it wins.
+_RUN_DIR_ARGS = ("hydra.run.dir=", "+hydra.run.dir=", "++hydra.run.dir=")
+
+
+def external_launcher() -> str | None:
+    """`torchrun` or `slurm` when that launcher started one process per device, else None."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return "torchrun"
+    # srun with several tasks; submitit jobs are excluded: they run the pickled job, not this CLI.
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SUBMITIT_EXECUTOR" not in os.environ:
+        return "slurm"
+    return None
+
+
+def global_rank() -> int:
+    """This process's rank as its launcher announced it (our own DDP ranks are single-node: LOCAL_RANK)."""
+    for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def is_rank_zero() -> bool:
+    return global_rank() == 0
+
+
+def shared_run_overrides(argv: list[str]) -> list[str]:
+    """Extra overrides so that every rank of an externally launched run shares one run dir.
+
+    Hydra would give each rank its own time-stamped dir. The dir is named after the launch instead
+    (torchrun's run id and rendezvous port, or the SLURM job id, which a requeued job keeps), and
+    only rank 0 writes Hydra's record and log there.
+    """
+    launcher = external_launcher()
+    if launcher is None or "-m" in argv or "--multirun" in argv:
+        return []
+    extra = []
+    if not any(arg.startswith(_RUN_DIR_ARGS) for arg in argv):
+        if launcher == "torchrun":
+            stamp = f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}-{os.environ.get('MASTER_PORT', '0')}"
+        else:
+            stamp = f"slurm-{os.environ.get('SLURM_ARRAY_JOB_ID', os.environ.get('SLURM_JOB_ID', '0'))}"
+        extra.append(f"hydra.run.dir=outputs/{stamp}")
+    if not is_rank_zero():
+        extra += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]
+    return extra
+
+
+def with_shared_run_dir() -> None:
+    """Apply `shared_run_overrides` to this process's command line (before Hydra reads it)."""
+    sys.argv += shared_run_overrides(sys.argv[1:])

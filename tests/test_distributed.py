@@ -1,0 +1,211 @@
+"""Real multi-process runs on CPU (gloo): DDP, torchrun, multirun, invariance, failures."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, TINY, run_cli
+
+pytestmark = pytest.mark.slow
+DDP2 = [*TINY, "hardware.devices=2"]
+
+
+def ranks(run: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run / "ranks").glob("rank*.json"))]
+
+
+def results(run: Path) -> dict:
+    return json.loads((run / "results.json").read_text())
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_two_process_ddp_on_cpu(tiny_data, tmp_path, strategy):
+    run = tmp_path / "run"
+    result = run_cli([*DDP2, f"strategy={strategy}"], run, tiny_data)
+    assert result.returncode == 0, result.stderr
+    assert [r["global_rank"] for r in ranks(run)] == [0, 1]
+    assert {r["world_size"] for r in ranks(run)} == {2}
+    assert len({r["pid"] for r in ranks(run)}) == 2
+    # Metrics reduced over both ranks: each test and val sample counted once.
+    assert results(run)["metrics"]["test/samples"] == 200
+    assert results(run)["metrics"]["val/samples"] == 100
+    # One set of outputs, written once.
+    assert len(re.findall(r"^test/acc=", result.stdout, re.M)) == 1
+    assert sorted(p.name for p in run.iterdir()) == sorted(
+        [".hydra", "checkpoints", "config.yaml", "csv", "plan.yaml", "ranks", "results.json", "train.log"]
+    )
+    assert (run / "csv" / "metrics.csv").read_text().count("\n0,3,") <= 3
+    log_lines = (run / "train.log").read_text().splitlines()
+    assert len(log_lines) == len(set(log_lines))
+
+
+def test_multirun_with_ddp_launches_the_sweep_once(tiny_data, tmp_path):
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        ["-m", *DDP2, "strategy=ddp", "optim.lr=0.01,0.02", f"hydra.sweep.dir={sweep}"], tmp_path, tiny_data
+    )
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert output.count("Launching 2 jobs") == 1
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in jobs] == ["0", "1"]
+    for job, lr in zip(jobs, (0.01, 0.02), strict=True):
+        assert [(r["global_rank"], r["lr"]) for r in ranks(job)] == [(0, lr), (1, lr)]
+        assert (job / "results.json").is_file()
+        assert not list(job.glob("*/.hydra")) and not (job / "multirun.yaml").exists()  # no nested sweep
+
+
+def test_torchrun_single_node(tiny_data, tmp_path):
+    env = {**os.environ, "DATA_DIR": str(tiny_data)}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "train.py"),
+        *DDP2,
+    ]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_path / "outputs").iterdir()
+    assert {r["launcher"] for r in ranks(run)} == {"TorchElasticEnvironment"}
+    assert results(run)["metrics"]["test/samples"] == 200
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_two_nodes_on_one_machine(tiny_data, tmp_path):
+    env = {**os.environ, "DATA_DIR": str(tiny_data)}
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={rank}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=twonodes",
+                str(ROOT / "train.py"),
+                *TINY,
+                "hardware.num_nodes=2",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    (run,) = (tmp_path / "outputs").iterdir()
+    assert [(r["node_rank"], r["global_rank"]) for r in ranks(run)] == [(0, 0), (1, 1)]
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+
+
+def test_one_and_two_processes_take_the_same_steps(tiny_data, tmp_path):
+    steps = [*TINY, "trainer.limit_train_batches=null", "trainer.max_steps=20", "trainer.max_epochs=3", "seed=5"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    for run, devices in ((one, 1), (two, 2)):
+        result = run_cli([*steps, f"hardware.devices={devices}"], run, tiny_data)
+        assert result.returncode == 0, result.stderr
+        assert results(run)["global_step"] == 20
+        assert results(run)["metrics"]["test/samples"] == 200
+    a, b = final_weights(one), final_weights(two)
+    worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max()).item() for k in a)
+    (tmp_path.parent / "invariance.txt").write_text(f"{worst:.3g}\n")
+    assert worst < 1e-4, worst
+    assert results(one)["test/acc"] == pytest.approx(results(two)["test/acc"], abs=1e-6)
+
+
+def test_same_seed_twice_gives_identical_weights_with_ddp(tiny_data, tmp_path):
+    for name in ("a", "b"):
+        assert run_cli([*DDP2, "seed=11"], tmp_path / name, tiny_data).returncode == 0
+    a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert results(tmp_path / "a")["test/acc"] == results(tmp_path / "b")["test/acc"]
+
+
+def test_two_runs_started_together_do_not_collide_on_ports(tiny_data, tmp_path):
+    env = {**os.environ, "DATA_DIR": str(tiny_data)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), *DDP2, f"hydra.run.dir={tmp_path / name}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for name in ("a", "b")
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert all("Address already in use" not in out for out in outputs)
+
+
+def test_a_failing_rank_ends_the_whole_run(tiny_data, tmp_path):
+    env = {**os.environ, "DATA_DIR": str(tiny_data), "PYTHONPATH": str(Path(__file__).parent / "helpers")}
+    command = [sys.executable, str(ROOT / "train.py"), *DDP2, "trainer.limit_train_batches=10",
+               "+callbacks.fail._target_=failing.FailOnRank", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    start = time.monotonic()
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 60
+    assert "planted failure on rank 1" in output
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert children == []
+    time.sleep(1)
+    worker_pids = [r["pid"] for r in ranks(tmp_path / "run")]
+    assert all(not Path(f"/proc/{pid}").exists() for pid in worker_pids), worker_pids
+
+
+def test_sync_batchnorm_converts_batchnorm_layers(tiny_data, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from hydralight.distributed import build_strategy
+    from hydralight.model import FastCNN
+    from hydralight.plan import Machine, make_plan
+    from hydralight.train import CONFIG_DIR
+    from hydralight.trainer import build_trainer
+
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        cfg = compose(
+            "train",
+            overrides=[
+                "hardware=cpu",
+                "hardware.devices=2",
+                "model=fastcnn",
+                "model.sync_batchnorm=true",
+                "logger=none",
+                "callbacks=none",
+            ],
+        )
+    plan = make_plan(cfg, Machine(cpu_cores=2))
+    trainer = build_trainer(cfg, plan, build_strategy(cfg, plan, tmp_path / "config.yaml"), [], [])
+    converted = trainer.strategy._layer_sync.apply(FastCNN())
+    assert sum(isinstance(m, torch.nn.SyncBatchNorm) for m in converted.modules()) == 2
+    # torch has no CPU SyncBatchNorm: a CPU run says so instead of crashing inside DDP.
+    result = run_cli([*DDP2, "model=fastcnn", "model.sync_batchnorm=true"], tmp_path / "run", tiny_data)
+    assert result.returncode == 2 and "model.sync_batchnorm=true needs CUDA GPUs" in result.stderr
