@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from hydralight.sampling import GlobalBatchSampler, ShardSampler
@@ -41,10 +42,21 @@ def test_drop_last_and_partial_last_batch():
 def test_resume_inside_an_epoch_continues_the_same_order():
     full = list(GlobalBatchSampler(100, 10, seed=1))
     resumed = GlobalBatchSampler(100, 10, seed=1)
-    resumed.start_step = 4
-    assert len(resumed) == 6
+    resumed.resume_at(GlobalBatchSampler(100, 10, seed=1).position(4))
     assert all(torch.equal(a, b) for a, b in zip(full[4:], resumed, strict=True))
     assert len(list(resumed)) == 10  # the next epoch starts from the beginning again
+
+
+def test_position_carries_over_to_another_world_size():
+    two_ranks = [GlobalBatchSampler(96, 16, 2, r, 2, seed=4) for r in range(2)]
+    position = two_ranks[0].position(6)  # 3 optimizer steps of 2 micro-batches each
+    assert position["samples"] == 48
+    single = GlobalBatchSampler(96, 16, seed=4)
+    single.resume_at(position)
+    rest = torch.cat(list(single))
+    assert torch.equal(rest, single.order()[48:])
+    with pytest.raises(ValueError, match="batch.global_size=16"):
+        GlobalBatchSampler(96, 32).resume_at(position)
 
 
 def test_shards_cover_every_sample_exactly_once():

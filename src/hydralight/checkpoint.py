@@ -20,3 +20,20 @@ def load_classifier(path: str | Path) -> Classifier:
     except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, RuntimeError, AttributeError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"ckpt_path={path} is not a checkpoint of this project ({reason[:200]})") from None
+
+
+def resume_path(mode: str, resume: str, ckpt_path: str | None, output_dir: Path) -> str | None:
+    """The checkpoint `trainer.fit` continues from: `ckpt_path` if given, else with `resume=auto` the
+    run dir's own last.ckpt (a requeued or restarted job lands in the same dir), else none."""
+    if mode != "train":
+        return None
+    if ckpt_path:
+        if not Path(ckpt_path).is_file():
+            raise UserError(
+                f"ckpt_path={ckpt_path} does not exist; pass the .ckpt file of a run (its checkpoints/ folder)"
+            )
+        return str(ckpt_path)
+    if resume not in ("auto", "never"):
+        raise UserError(f"resume={resume} is not supported; use resume=auto (continue this run dir) or resume=never")
+    last = output_dir / "checkpoints" / "last.ckpt"
+    return str(last) if resume == "auto" and last.is_file() else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,24 @@ class TensorImages(Dataset):
 
     def to(self, device: torch.device) -> TensorImages:
         return TensorImages(self.images.squeeze(1).to(device), self.labels.to(device))
+
+
+class ResumableLoader(DataLoader):
+    """A training DataLoader that Lightning checkpoints mid-epoch: its state is the position in the
+    global sample order, so a resumed run (with any number of processes) neither repeats nor skips."""
+
+    def __init__(self, *args: Any, progress: Callable[[], int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.progress = progress  # micro-batches trained so far in the current epoch
+
+    def state_dict(self) -> dict[str, int]:
+        return self.batch_sampler.position(self.progress())
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        try:
+            self.batch_sampler.resume_at(state)
+        except ValueError as err:
+            raise UserError(f"cannot resume here: {err}") from None
 
 
 def _whole_batch(batch: Any) -> Any:
@@ -197,16 +216,22 @@ class MNISTDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
-    def _loader(self, dataset: Dataset, batch_sampler: Any) -> DataLoader:
+    def _loader(
+        self, dataset: Dataset, batch_sampler: Any, loader_class: type = DataLoader, **extra: Any
+    ) -> DataLoader:
         if self.loader == "tensor":
-            return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=_whole_batch)
-        return DataLoader(
+            return loader_class(dataset, batch_sampler=batch_sampler, collate_fn=_whole_batch, **extra)
+        return loader_class(
             dataset,
             batch_sampler=batch_sampler,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
+            **extra,
         )
+
+    def _trained_micro_batches(self) -> int:
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()
@@ -219,7 +244,7 @@ class MNISTDataModule(pl.LightningDataModule):
             seed=self.seed,
             drop_last=self.drop_last,
         )
-        return self._loader(self.splits["train"], sampler)
+        return self._loader(self.splits["train"], sampler, ResumableLoader, progress=self._trained_micro_batches)
 
     def _eval_loader(self, split: str) -> DataLoader:
         rank, world = self._rank_world()

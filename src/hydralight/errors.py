@@ -17,7 +17,7 @@ class UserError(Exception):
     """A problem with the user's input (config, hardware, data, checkpoint), with the fix in the message."""
 
 
-def reports_user_errors(fn: F) -> F:
+def exit_on_user_error(fn: F) -> F:
     """Turn a `UserError` raised by `fn` into `error: <message>` on stderr and exit code 2.
 
     `HYDRA_FULL_ERROR=1` keeps the traceback, as it does for Hydra's own errors.

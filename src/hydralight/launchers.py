@@ -16,8 +16,8 @@ def external_launcher() -> str | None:
     """`torchrun` or `slurm` when that launcher started one process per device, else None."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
         return "torchrun"
-    # srun with several tasks; submitit jobs are excluded: they run the pickled job, not this CLI.
-    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SUBMITIT_EXECUTOR" not in os.environ:
+    # srun with several tasks (submitit's jobs included).
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
         return "slurm"
     return None
 

@@ -163,7 +163,10 @@ def _hardware(hw: DictConfig, machine: Machine) -> HardwarePlan:
     devices = _positive_int(devices, "hardware.devices")
     num_nodes = _positive_int(hw.num_nodes, "hardware.num_nodes")
     cpus = hw.get("cpus_per_task", "auto")
-    cpus = max(1, machine.cpu_cores // devices) if cpus == "auto" else _positive_int(cpus, "hardware.cpus_per_task")
+    if cpus == "auto":
+        # Inside a SLURM job the allocation says; elsewhere share this machine's cores.
+        cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or max(1, machine.cpu_cores // devices)
+    cpus = _positive_int(cpus, "hardware.cpus_per_task")
     memory = hw.get("mem_gb", "auto")
     memory = machine.memory_gb if memory == "auto" else float(memory)
     return HardwarePlan(

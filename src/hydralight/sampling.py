@@ -47,8 +47,8 @@ class GlobalBatchSampler(Sampler[torch.Tensor]):
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.epoch = 0
-        # First global step of the epoch to yield; set when resuming inside an epoch.
-        self.start_step = 0
+        # (epoch, micro-batches already trained in it), set when resuming inside an epoch.
+        self._resume: tuple[int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -65,16 +65,41 @@ class GlobalBatchSampler(Sampler[torch.Tensor]):
         gen = torch.Generator().manual_seed(self.seed + self.epoch)
         return torch.randperm(self.num_samples, generator=gen)
 
+    def position(self, micro_batches_done: int) -> dict[str, int]:
+        """Where training stands in the global order: independent of the world size that got there."""
+        return {
+            "epoch": self.epoch,
+            "samples": micro_batches_done // self.accumulation * self.global_size,
+            "global_size": self.global_size,
+        }
+
+    def resume_at(self, position: dict[str, int]) -> None:
+        """Continue the epoch after `position` (from `position`, possibly saved with another world size)."""
+        if position.get("global_size") != self.global_size:
+            raise ValueError(
+                f"the checkpoint was trained with a global batch of {position.get('global_size')}, "
+                f"this run uses {self.global_size}; resume with batch.global_size={position.get('global_size')}"
+            )
+        self._resume = (position["epoch"], position["samples"] // self.global_size * self.accumulation)
+
     def __iter__(self) -> Iterator[torch.Tensor]:
+        skip = 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            skip = self._resume[1]
+        self._resume = None
         order = self.order()
-        for step in range(self.start_step, self.steps_per_epoch()):
+        produced = 0
+        for step in range(self.steps_per_epoch()):
             batch = order[step * self.global_size : (step + 1) * self.global_size]
             share = torch.tensor_split(batch, self.world_size)[self.rank]
-            yield from torch.tensor_split(share, self.accumulation)
-        self.start_step = 0
+            for micro in torch.tensor_split(share, self.accumulation):
+                if produced >= skip:
+                    yield micro
+                produced += 1
 
     def __len__(self) -> int:
-        return (self.steps_per_epoch() - self.start_step) * self.accumulation
+        # The full epoch, also when resuming: Lightning counts the batches already done itself.
+        return self.steps_per_epoch() * self.accumulation
 
 
 class ShardSampler(Sampler[torch.Tensor]):

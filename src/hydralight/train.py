@@ -12,7 +12,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from hydralight.errors import UserError, reports_user_errors
+from hydralight.errors import UserError, exit_on_user_error
 from hydralight.launchers import is_rank_zero, with_shared_run_dir
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -24,7 +24,7 @@ def run(cfg: DictConfig) -> float | None:
     import torch
     from hydra.utils import instantiate
 
-    from hydralight.checkpoint import load_classifier
+    from hydralight.checkpoint import load_classifier, resume_path
     from hydralight.distributed import build_strategy, job_scope
     from hydralight.model import Classifier
     from hydralight.plan import Machine, check_plan, make_plan
@@ -73,10 +73,11 @@ def run(cfg: DictConfig) -> float | None:
         # 3. Fit, then test the best checkpoint (the one `mode=eval` would be given).
         best, metrics = None, {}
         if cfg.mode == "train":
-            trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+            resume = resume_path(cfg.mode, cfg.resume, cfg.ckpt_path, output_dir)
+            trainer.fit(model, datamodule=datamodule, ckpt_path=resume, weights_only=True)
             best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        tested = trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False)
+        tested = trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
 
         # 4. Report.
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
@@ -91,7 +92,7 @@ def run(cfg: DictConfig) -> float | None:
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
-@reports_user_errors
+@exit_on_user_error
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 

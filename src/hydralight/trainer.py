@@ -6,6 +6,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 from hydra.utils import instantiate
+from lightning_fabric.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import Callback, LearningRateMonitor
 from pytorch_lightning.loggers import Logger
@@ -42,8 +43,11 @@ def build_trainer(
     options = {k: v for k, v in options.items() if v is not None and k not in PLANNED}
     options = instantiate(options, _convert_="all")  # e.g. trainer.profiler={_target_: ...}
     options.update(plan.trainer_kwargs())
+    # Under srun the Preemption callback owns the signals; Lightning's own SLURM requeue stays off.
+    plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
     return pl.Trainer(
         **options,
+        plugins=plugins,
         strategy=strategy,
         callbacks=callbacks,
         logger=loggers or False,

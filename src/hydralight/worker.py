@@ -6,10 +6,10 @@ import sys
 
 from omegaconf import OmegaConf
 
-from hydralight.errors import reports_user_errors
+from hydralight.errors import exit_on_user_error
 
 
-@reports_user_errors
+@exit_on_user_error
 def main(config_file: str) -> None:
     from hydralight.train import run
 

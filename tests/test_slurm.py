@@ -1,0 +1,181 @@
+"""Sweeps against a real SLURM cluster (scripts/slurm_up.sh): submission, sizing, refusals, requeue."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import IN_CI, ROOT, TINY
+
+pytestmark = pytest.mark.slow
+HELPERS = Path(__file__).parent / "helpers"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> None:
+    """Bring the local cluster up (idempotent); in CI a cluster that cannot start fails the tests."""
+    reason = None
+    if os.geteuid() != 0 or not shutil.which("apt-get") and not shutil.which("slurmctld"):
+        reason = "starting the local SLURM cluster needs root on a Debian/Ubuntu machine"
+    else:
+        up = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "slurm_up.sh")], capture_output=True, text=True, timeout=600
+        )
+        if up.returncode:
+            reason = f"scripts/slurm_up.sh failed: {up.stderr.strip()[-500:]}"
+    if reason:
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+def sweep(args: list[str], sweep_dir: Path, data: Path, wait: bool = True, **env: str):
+    environ = {**os.environ, "DATA_DIR": str(data), "PYTHONPATH": str(HELPERS), **env}
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm", "cluster=local", *args,
+               f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if not wait:
+        return proc
+    try:
+        output = proc.communicate(timeout=300)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return proc.returncode, output
+
+
+def sacct(job: str, fields: str = "State") -> list[str]:
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", fields], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def final_state(job: str, timeout: float = 60) -> str:
+    """The job's state once SLURM has closed it (results can be on disk a moment before that)."""
+    deadline = time.monotonic() + timeout
+    while (state := (sacct(job) or ["?"])[0]) in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "?"):
+        assert time.monotonic() < deadline, f"job {job} still {state}"
+        time.sleep(0.5)
+    return state
+
+
+def job_ids(output: str) -> list[str]:
+    return [line.split("slurm job ")[1].split()[0] for line in output.splitlines() if "slurm job " in line]
+
+
+def ranks(run: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run / "ranks").glob("rank*.json"))]
+
+
+def test_sweep_of_two_ddp_jobs(cluster, tiny_data, tmp_path):
+    code, output = sweep([*TINY, "hardware.devices=2", "optim.lr=0.01,0.02"], tmp_path / "sweep", tiny_data)
+    assert code == 0, output[-3000:]
+    ids = job_ids(output)
+    assert len(ids) == 2
+    for job_id, job, lr in zip(ids, ("0", "1"), (0.01, 0.02), strict=True):
+        assert final_state(job_id) == "COMPLETED"
+        run = tmp_path / "sweep" / job
+        assert [(r["global_rank"], r["lr"], r["launcher"]) for r in ranks(run)] == [
+            (0, lr, "SLURMEnvironment"),
+            (1, lr, "SLURMEnvironment"),
+        ]
+        assert json.loads((run / "results.json").read_text())["metrics"]["test/samples"] == 200
+        assert (run / "checkpoints" / "last.ckpt").is_file()
+        log = (run / "train.log").read_text().splitlines()
+        assert len(log) == len(set(log)), "rank 1 must not write into the job log"
+
+
+@pytest.mark.parametrize(
+    "hardware,expected",
+    [
+        ("8gpu", ["--nodes=1", "--ntasks-per-node=8", "--gpus-per-node=8", "--cpus-per-task=12", "--mem=512GB"]),
+        ("2x8gpu", ["--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--cpus-per-task=12"]),
+    ],
+)
+def test_sbatch_script_follows_the_hardware_profile(hardware, expected, tiny_data, tmp_path):
+    code, output = sweep([f"hardware={hardware}", "hydra.launcher.dry_run=true"], tmp_path / "sweep", tiny_data)
+    assert code == 0, output
+    script = (tmp_path / "sweep" / "sbatch" / "job0.sh").read_text()
+    for line in expected:
+        assert f"#SBATCH {line}\n" in script, script
+    assert "#SBATCH --partition=debug" in script and "#SBATCH --signal=USR2@60" in script
+
+
+def test_gpu_request_is_accepted_by_slurm(cluster, tiny_data, tmp_path):
+    # The fake GPUs have no CUDA behind them: the job itself fails, but SLURM must take the request.
+    args = [*TINY, "hardware=1gpu", "hardware.cpus_per_task=1", "hardware.mem_gb=1"]
+    code, output = sweep(args, tmp_path / "sweep", tiny_data)
+    (job_id,) = job_ids(output)
+    assert "gres/gpu=1" in sacct(job_id, "AllocTRES")[0]
+    assert code != 0  # no CUDA in the job: refused by the plan inside the job
+    assert "no CUDA GPU" in (tmp_path / "sweep" / ".submitit" / job_id / f"{job_id}_0_log.out").read_text()
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["cluster.partition=nosuchpartition"], "invalid partition"),
+        (
+            [
+                "hardware=1gpu",
+                "hardware.devices=9",
+                "batch.global_size=36",
+                "hardware.cpus_per_task=1",
+                "hardware.mem_gb=1",
+            ],
+            "not available|more processors",
+        ),
+    ],
+)
+def test_refused_submission_is_one_line(cluster, tiny_data, tmp_path, args, message):
+    code, output = sweep([*TINY, *args], tmp_path / "sweep", tiny_data)
+    assert code == 2, output
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and re.search(message, errors[0].lower()) and "Traceback" not in output
+    assert errors[0].startswith("error: SLURM refused the job")
+
+
+def run_steps(run: Path) -> int:
+    return json.loads((run / "results.json").read_text())["global_step"]
+
+
+def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
+    steps = [*TINY, "trainer.limit_train_batches=null", "trainer.max_epochs=3", "seed=3"]
+    slow = ["+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.15"]
+    code, output = sweep([*steps, "hardware.devices=2"], tmp_path / "plain", tiny_data)
+    assert code == 0, output[-2000:]
+
+    proc = sweep([*steps, *slow, "hardware.devices=2"], tmp_path / "requeued", tiny_data, wait=False)
+    run = tmp_path / "requeued" / "0"
+    deadline = time.monotonic() + 120
+    while not (run / "ranks" / "rank1.json").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "job never started"
+        time.sleep(0.5)
+    time.sleep(2)  # a few steps in
+    job_id = next(
+        p.name for p in (tmp_path / "requeued" / ".submitit").iterdir() if re.fullmatch(r"\d+(_\d+)?", p.name)
+    )
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    # Requeued jobs wait ~2 minutes before they may start again; let it start now.
+    deadline = time.monotonic() + 120
+    while (
+        "PENDING"
+        not in subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout
+    ):
+        assert time.monotonic() < deadline, "job was not requeued"
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+    output = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, output[-3000:]
+    assert final_state(job_id) == "COMPLETED"
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    assert "Restarts=1 " in shown
+    assert run_steps(run) == run_steps(tmp_path / "plain" / "0") == 45
+    plain = json.loads((tmp_path / "plain" / "0" / "results.json").read_text())["metrics"]
+    again = json.loads((run / "results.json").read_text())["metrics"]
+    assert again["test/acc"] == plain["test/acc"]
+    assert again["val/loss"] == pytest.approx(plain["val/loss"], rel=1e-5)
