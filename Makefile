@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: help install train test test-fast lint format clean
+.PHONY: help install train test test-fast lint format clean slurm-up slurm-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -34,3 +34,9 @@ format: ## apply ruff's formatting and safe fixes
 
 clean: ## remove run outputs and caches (not the data, not .venv)
 	rm -rf outputs multirun lightning_logs .pytest_cache .ruff_cache
+
+slurm-up: ## start a local single-node SLURM cluster (root, Debian/Ubuntu; idempotent)
+	bash scripts/slurm_up.sh
+
+slurm-down: ## stop the daemons slurm-up started
+	bash scripts/slurm_down.sh
