@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: help install train test test-fast lint format clean slurm-up slurm-down
+.PHONY: help install train test test-fast lint format clean slurm-up slurm-down report
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -40,3 +40,6 @@ slurm-up: ## start a local single-node SLURM cluster (root, Debian/Ubuntu; idemp
 
 slurm-down: ## stop the daemons slurm-up started
 	bash scripts/slurm_down.sh
+
+report: ## table and plots of a sweep: make report SWEEP=multirun/<date>/<time>
+	$(BIN)/python scripts/sweep_report.py $(SWEEP)

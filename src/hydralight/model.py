@@ -10,6 +10,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -124,3 +125,18 @@ class Classifier(pl.LightningModule):
         total = int(self.trainer.estimated_stepping_batches)
         scheduler = factory(optimizer, **run_length_kwargs(factory, lr, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def build_model(cfg: DictConfig, lr: float) -> Classifier:
+    """A fresh classifier from the config (`mode=train`), or the one saved in `ckpt_path` (`mode=eval`)."""
+    if cfg.mode == "eval":
+        from hydralight.checkpoint import load_classifier
+
+        return load_classifier(cfg.ckpt_path)
+    scheduler = cfg.optim.get("scheduler")
+    return Classifier(
+        net=OmegaConf.to_container(cfg.model.net),
+        optimizer=OmegaConf.to_container(cfg.optim.optimizer),
+        scheduler=OmegaConf.to_container(scheduler) if scheduler else None,
+        lr=lr,
+    )

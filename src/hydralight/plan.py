@@ -307,3 +307,14 @@ def check_plan(plan: Plan, machine: Machine) -> None:
         raise UserError(
             f"precision={fw.precision} but {machine.gpu_name or 'this GPU'} has no bfloat16 support; use precision=16-mixed"
         )
+
+
+def apply_plan(plan: Plan, seed: int) -> None:
+    """Put the plan's process-wide settings in force: environment knobs, matmul precision, seeds."""
+    import pytorch_lightning as pl
+    import torch
+
+    os.environ.update(plan.framework.env)
+    if plan.framework.matmul_precision:
+        torch.set_float32_matmul_precision(plan.framework.matmul_precision)
+    pl.seed_everything(seed, workers=True, verbose=False)

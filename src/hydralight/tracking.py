@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import hashlib
 import json
 import os
+import platform
 import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydra.utils import instantiate
 from lightning_fabric.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.loggers import CSVLogger, Logger
+from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
 if TYPE_CHECKING:
-    from hydralight.plan import Plan
+    from hydralight.plan import Machine, Plan
+
+# Environment variables whose values never reach a file this project writes.
+SECRET_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
+REDACTED = "<redacted>"
+PACKAGES = ("torch", "torchvision", "pytorch-lightning", "torchmetrics", "hydra-core", "omegaconf", "wandb", "submitit")
 
 # What a run writes before it has done anything: Hydra's record and log, our config and plan.
 RECORD_ONLY = {".hydra", "config.yaml", "plan.yaml"}
@@ -48,6 +63,34 @@ class AppendingCSVLogger(CSVLogger):
         return self._experiment
 
 
+def secret_values() -> list[str]:
+    """Values of the environment's secrets (names ending in _KEY, _TOKEN, _SECRET, _PASSWORD)."""
+    return [v for k, v in os.environ.items() if k.upper().endswith(SECRET_SUFFIXES) and len(v) >= 4]
+
+
+def redact(value: Any, secrets: list[str] | None = None) -> Any:
+    """`value` with every secret replaced, through dicts, lists and strings."""
+    secrets = secret_values() if secrets is None else secrets
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {k: redact(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(v, secrets) for v in value]
+    return value
+
+
+def redact_files(folder: Path) -> None:
+    """Scrub secrets from text files already written (Hydra's record of the command line)."""
+    secrets = secret_values()
+    for path in folder.glob("*.yaml") if secrets and folder.is_dir() else ():
+        text = path.read_text()
+        if any(s in text for s in secrets):
+            path.write_text(redact(text, secrets))
+
+
 def wandb_mode(requested: str) -> str:
     """`auto` is online only when an API key is configured, so a run never prompts or waits for a login."""
     if requested != "auto":
@@ -59,31 +102,167 @@ def wandb_mode(requested: str) -> str:
     return "online" if has_login else "offline"
 
 
-def build_loggers(cfg: DictConfig, plan: Plan) -> list[Logger]:
-    """Instantiate every logger under `logger.*`, then give each the resolved config and the plan."""
+def _hydra_job() -> tuple[str | None, str | None]:
+    """(sweep dir, job overrides) of the running Hydra job; (None, None) outside a sweep or Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None, None
+    hc = HydraConfig.get()
+    sweep = str(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
+    return sweep, hc.job.override_dirname or None
+
+
+def wandb_settings(spec: dict[str, Any], plan: Plan, output_dir: Path) -> dict[str, Any]:
+    """One wandb run per job: stable id from the job dir (a requeued or resumed job continues it),
+    grouped by sweep, named by its overrides, tagged with the hardware."""
+    sweep, overrides = _hydra_job()
+    hw, fw = plan.hardware, plan.framework
+    tags = [f"{hw.num_nodes}x{hw.devices}{hw.accelerator}", fw.strategy, fw.precision]
+    # The name comes from the command line, which may carry a secret's value.
+    return redact(
+        {
+            **spec,
+            "mode": wandb_mode(spec.get("mode", "auto")),
+            "id": spec.get("id") or hashlib.sha1(str(output_dir.resolve()).encode()).hexdigest()[:16],
+            "resume": "allow",
+            "group": spec.get("group") or (Path(sweep).name if sweep else None),
+            "name": spec.get("name") or overrides or output_dir.name,
+            "tags": [*spec.get("tags", []), *tags],
+        }
+    )
+
+
+def build_loggers(cfg: DictConfig, plan: Plan, manifest: dict[str, Any] | None = None) -> list[Logger]:
+    """Instantiate every logger under `logger.*`, then give each the resolved config, the plan and
+    (wandb) the run manifest."""
     loggers = []
     for name, spec in (cfg.get("logger") or {}).items():
         spec = OmegaConf.to_container(spec, resolve=True)
         if name == "wandb":
-            spec["mode"] = wandb_mode(spec.get("mode", "auto"))
+            spec = wandb_settings(spec, plan, Path(cfg.paths.output_dir))
         loggers.append(instantiate(spec))
-    hparams = {"config": OmegaConf.to_container(cfg, resolve=True), "plan": plan.to_dict()}
+    hparams = redact({"config": OmegaConf.to_container(cfg, resolve=True), "plan": plan.to_dict()})
     for logger in loggers:
         logger.log_hyperparams(hparams)
+        if manifest and isinstance(logger, WandbLogger):
+            logger.experiment.config.update({"manifest": redact(manifest)}, allow_val_change=True)
     return loggers
 
 
-def save_run_record(output_dir: Path, cfg: DictConfig, plan: Plan) -> Path:
+@contextlib.contextmanager
+def wandb_scope() -> Iterator[None]:
+    """Close the job's wandb run when the job ends, so the next job of a sweep gets its own."""
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        wandb = sys.modules.get("wandb")
+        if wandb is not None and wandb.run is not None:
+            wandb.finish(exit_code=int(failed))
+
+
+def save_config(output_dir: Path, cfg: DictConfig, plan: Plan) -> Path:
     """Write the resolved config (what extra ranks and resumes read) and the plan; return the config file."""
     output_dir.mkdir(parents=True, exist_ok=True)
+    redact_files(output_dir / ".hydra")
     config_file = output_dir / "config.yaml"
-    OmegaConf.save(cfg, config_file, resolve=True)
+    OmegaConf.save(OmegaConf.create(redact(OmegaConf.to_container(cfg, resolve=True))), config_file)
     (output_dir / "plan.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan.to_dict())))
     return config_file
 
 
 def save_results(output_dir: Path, results: dict[str, Any]) -> None:
     (output_dir / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=Path(__file__).parent)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _machine_record(machine: Machine) -> dict[str, Any]:
+    import torch
+
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            gpus.append({"name": props.name, "memory_gb": round(props.total_memory / 2**30, 1)})
+    nccl = None
+    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
+        with contextlib.suppress(Exception):
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpu_cores": machine.cpu_cores,
+        "memory_gb": machine.memory_gb,
+        "gpus": gpus,
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        "nccl": nccl,
+    }
+
+
+def _versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+class Manifest:
+    """`manifest.json`: what ran (command, overrides, code, packages, machine, plan) and what came out."""
+
+    def __init__(self, output_dir: Path, plan: Plan, machine: Machine) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        self.path = output_dir / "manifest.json"
+        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+        commit = _git("rev-parse", "HEAD")
+        self.data: dict[str, Any] = {
+            "status": "running",
+            "command": [sys.executable, *sys.argv],
+            "overrides": overrides,
+            "run_dir": str(output_dir),
+            "git": {"commit": commit, "dirty": bool(_git("status", "--porcelain")) if commit else None},
+            "versions": _versions(),
+            "machine": _machine_record(machine),
+            "plan": plan.to_dict(),
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "finished_at": None,
+            "metrics": {},
+            "best_checkpoint": None,
+        }
+
+    def write(self, **updates: Any) -> dict[str, Any]:
+        self.data.update(updates)
+        self.path.write_text(json.dumps(redact(self.data), indent=2, sort_keys=True) + "\n")
+        return self.data
+
+    def finish(self, status: str, **updates: Any) -> dict[str, Any]:
+        return self.write(
+            status=status, finished_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"), **updates
+        )
 
 
 def discard_unused_run_dir(output_dir: Path) -> bool:
@@ -97,3 +276,65 @@ def discard_unused_run_dir(output_dir: Path) -> bool:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     output_dir.rmdir()
     return True
+
+
+class RunRecord:
+    """The files of one run: config.yaml and plan.yaml at start, manifest.json throughout,
+    results.json at the end. Only the writer (rank 0) writes; every rank knows the paths."""
+
+    def __init__(self, output_dir: Path, cfg: DictConfig, plan: Plan, machine: Machine, writer: bool) -> None:
+        self.output_dir = output_dir
+        self.cfg = cfg
+        self.plan = plan
+        self.writer = writer
+        self.config_file = output_dir / "config.yaml"
+        self.extra: dict[str, Any] = {}
+        self._manifest = None
+        if writer:
+            save_config(output_dir, cfg, plan)
+            self._manifest = Manifest(output_dir, plan, machine)
+            self._manifest.write()
+
+    @property
+    def manifest(self) -> dict[str, Any] | None:
+        return self._manifest.data if self._manifest else None
+
+    @contextlib.contextmanager
+    def timed(self, key: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.extra[key] = round(time.perf_counter() - start, 3)
+
+    def __enter__(self) -> RunRecord:
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, tb: Any) -> None:
+        if kind is not None and self._manifest is not None:
+            status = "interrupted" if isinstance(error, (SystemExit, KeyboardInterrupt)) else "failed"
+            self._manifest.finish(status, **self.extra)
+
+    def finish(self, trainer: Any, metrics: dict[str, Any], best: str | None) -> float | None:
+        """Write results.json and the finished manifest, print the result line; return test/acc."""
+        metrics = {k: float(v) for k, v in metrics.items()}
+        test_acc = metrics.get("test/acc")
+        if not trainer.is_global_zero:
+            return test_acc
+        fit_seconds = self.extra.get("fit_seconds")
+        samples = trainer.global_step * self.plan.task.global_batch
+        results = {
+            "epochs": trainer.current_epoch,
+            "global_step": trainer.global_step,
+            "best_checkpoint": best or None,
+            "metrics": metrics,
+            "test/acc": test_acc,
+            **self.extra,
+            "samples_per_second": round(samples / fit_seconds, 1) if fit_seconds else None,
+        }
+        save_results(self.output_dir, results)
+        if self._manifest is not None:
+            self._manifest.finish("finished", metrics=metrics, best_checkpoint=best or None, **self.extra)
+        shown = f"{test_acc:.4f}" if test_acc is not None else "n/a"
+        print(f"test/acc={shown} (checkpoint: {best or 'final weights'}; run dir: {self.output_dir})", flush=True)
+        return test_acc

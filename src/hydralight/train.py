@@ -5,7 +5,6 @@ Heavy imports (torch, Lightning) happen inside `run`, so `python train.py --cfg 
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
@@ -20,15 +19,13 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 def run(cfg: DictConfig) -> float | None:
     """Train and test (or only test, `mode=eval`) as the config says; return the test accuracy."""
-    import pytorch_lightning as pl
-    import torch
     from hydra.utils import instantiate
 
-    from hydralight.checkpoint import load_classifier, resume_path
+    from hydralight.checkpoint import check_mode, resume_path
     from hydralight.distributed import build_strategy, job_scope
-    from hydralight.model import Classifier
-    from hydralight.plan import Machine, check_plan, make_plan
-    from hydralight.tracking import build_loggers, save_results, save_run_record
+    from hydralight.model import build_model
+    from hydralight.plan import Machine, apply_plan, check_plan, make_plan
+    from hydralight.tracking import RunRecord, build_loggers, wandb_scope
     from hydralight.trainer import build_callbacks, build_trainer
 
     # Lightning-internal deprecation that users cannot act on, printed once per rank.
@@ -42,53 +39,29 @@ def run(cfg: DictConfig) -> float | None:
         print(plan.table(), end="")
         return None
     check_plan(plan, machine)
-    if cfg.mode not in ("train", "eval"):
-        raise UserError(f"mode={cfg.mode} is not a mode; use mode=train or mode=eval")
-    if cfg.mode == "eval" and not cfg.ckpt_path:
-        raise UserError("mode=eval needs the checkpoint to test: add ckpt_path=PATH/TO/file.ckpt")
+    check_mode(cfg.mode, cfg.ckpt_path)
     output_dir = Path(cfg.paths.output_dir)
-    config_file = save_run_record(output_dir, cfg, plan) if is_rank_zero() else output_dir / "config.yaml"
-    if plan.framework.matmul_precision:
-        torch.set_float32_matmul_precision(plan.framework.matmul_precision)
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    record = RunRecord(output_dir, cfg, plan, machine, writer=is_rank_zero())
 
-    with job_scope():  # a sweep's next job starts with this process as it is now
-        os.environ.update(plan.framework.env)
+    with job_scope(), wandb_scope(), record:  # the next job of a sweep starts clean
+        apply_plan(plan, cfg.seed)
         # 2. Build: data, model, callbacks, loggers, trainer.
         datamodule = instantiate(cfg.data, **plan.data_kwargs(), drop_last=cfg.batch.drop_last, seed=cfg.seed)
-        if cfg.mode == "eval":
-            model = load_classifier(cfg.ckpt_path)
-        else:
-            model = Classifier(
-                net=OmegaConf.to_container(cfg.model.net),
-                optimizer=OmegaConf.to_container(cfg.optim.optimizer),
-                scheduler=OmegaConf.to_container(cfg.optim.scheduler) if cfg.optim.get("scheduler") else None,
-                lr=plan.task.lr,
-            )
-        loggers = build_loggers(cfg, plan)
-        trainer = build_trainer(
-            cfg, plan, build_strategy(cfg, plan, config_file), build_callbacks(cfg, loggers), loggers
-        )
+        model = build_model(cfg, plan.task.lr)
+        loggers = build_loggers(cfg, plan, record.manifest)
+        strategy = build_strategy(cfg, plan, record.config_file)
+        trainer = build_trainer(cfg, plan, strategy, build_callbacks(cfg, loggers), loggers)
 
-        # 3. Fit, then test the best checkpoint (the one `mode=eval` would be given).
-        best, metrics = None, {}
+        # 3. Fit (continuing this run dir's checkpoint), then test the best checkpoint.
         if cfg.mode == "train":
-            resume = resume_path(cfg.mode, cfg.resume, cfg.ckpt_path, output_dir)
-            trainer.fit(model, datamodule=datamodule, ckpt_path=resume, weights_only=True)
-            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None
-            metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        tested = trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
+            with record.timed("fit_seconds"):
+                trainer.fit(model, datamodule=datamodule, ckpt_path=resume_path(cfg, output_dir), weights_only=True)
+        best = trainer.checkpoint_callback.best_model_path if cfg.mode == "train" else cfg.ckpt_path
+        fit_metrics = dict(trainer.callback_metrics)
+        trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
 
-        # 4. Report.
-        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
-        test_acc = tested[0]["test/acc"] if tested else None
-        if trainer.is_global_zero:
-            summary = {"epochs": trainer.current_epoch, "global_step": trainer.global_step, "best_checkpoint": best}
-            save_results(output_dir, {**summary, "metrics": metrics, "test/acc": test_acc})
-            print(
-                f"test/acc={test_acc:.4f} (checkpoint: {best or cfg.ckpt_path or 'final weights'}; run dir: {output_dir})"
-            )
-    return test_acc
+        # 4. Report: results.json, manifest.json, one line.
+        return record.finish(trainer, {**fit_metrics, **trainer.callback_metrics}, best)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")

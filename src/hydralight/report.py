@@ -1,0 +1,196 @@
+"""Offline report of a sweep: a table (markdown, CSV) and plots, from the files the runs wrote."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hydralight.errors import UserError
+
+COLUMNS = ["job", "overrides", "best val/acc", "test/acc", "epochs", "wall s", "samples/s"]
+
+
+@dataclass
+class Job:
+    name: str
+    path: Path
+    overrides: dict[str, str]
+    finished: bool
+    best_val_acc: float | None = None
+    test_acc: float | None = None
+    epochs: int | None = None
+    wall_s: float | None = None
+    samples_per_s: float | None = None
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (epoch, val/acc)
+
+    def row(self, swept: list[str]) -> list[str]:
+        shown = " ".join(f"{k}={self.overrides[k]}" for k in swept if k in self.overrides) or "-"
+        return [self.name, shown, _fmt(self.best_val_acc), _fmt(self.test_acc), _fmt(self.epochs),
+                _fmt(self.wall_s, 1), _fmt(self.samples_per_s, 0)]  # fmt: skip
+
+
+def _fmt(value: float | int | None, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    return str(value) if isinstance(value, int) else f"{value:.{digits}f}"
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def load_job(path: Path) -> Job:
+    overrides_file = path / ".hydra" / "overrides.yaml"
+    items = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else []
+    overrides = dict(item.split("=", 1) for item in items or [] if "=" in item)
+    results_file = path / "results.json"
+    job = Job(path.name, path, overrides, finished=results_file.is_file())
+    curve: dict[int, float] = {}
+    metrics_file = path / "csv" / "metrics.csv"
+    if metrics_file.is_file():
+        with metrics_file.open(newline="") as f:
+            for row in csv.DictReader(f):
+                acc, epoch = _number(row.get("val/acc")), _number(row.get("epoch"))
+                if acc is not None and epoch is not None:
+                    curve[int(epoch)] = acc
+    job.curve = sorted(curve.items())
+    job.best_val_acc = max(curve.values()) if curve else None
+    if job.finished:
+        results = json.loads(results_file.read_text())
+        job.test_acc = results.get("test/acc")
+        job.epochs = results.get("epochs")
+        job.samples_per_s = results.get("samples_per_second")
+        if job.best_val_acc is None:
+            job.best_val_acc = results.get("metrics", {}).get("val/acc")
+    manifest_file = path / "manifest.json"
+    if manifest_file.is_file():
+        manifest = json.loads(manifest_file.read_text())
+        if manifest.get("started_at") and manifest.get("finished_at"):
+            start, end = (datetime.fromisoformat(manifest[k]) for k in ("started_at", "finished_at"))
+            job.wall_s = (end - start).total_seconds()
+    return job
+
+
+def find_jobs(sweep_dir: Path) -> list[Job]:
+    if not sweep_dir.is_dir():
+        raise UserError(f"{sweep_dir} is not a folder; pass the multirun dir of a sweep (multirun/<date>/<time>)")
+    dirs = [
+        p for p in sweep_dir.iterdir() if p.is_dir() and ((p / ".hydra").is_dir() or (p / "manifest.json").is_file())
+    ]
+    if not dirs:
+        raise UserError(f"no jobs in {sweep_dir}: expected the numbered job folders of `python train.py -m ...`")
+    return [
+        load_job(p)
+        for p in sorted(dirs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+    ]
+
+
+def swept_keys(jobs: list[Job]) -> list[str]:
+    """Override keys whose values differ between jobs, in command-line order."""
+    keys: list[str] = []
+    for job in jobs:
+        keys += [k for k in job.overrides if k not in keys]
+    return [k for k in keys if len({job.overrides.get(k) for job in jobs}) > 1]
+
+
+def _sort_key(job: Job) -> tuple:
+    metric = job.test_acc if job.test_acc is not None else job.best_val_acc
+    return (metric is None, -(metric or 0.0), job.name)
+
+
+def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
+    """Write report.md, report.csv, heatmap.png (two swept parameters) and curves.png; return a summary."""
+    jobs = find_jobs(sweep_dir)
+    out_dir = out_dir or sweep_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    swept = swept_keys(jobs)
+    done = sorted((j for j in jobs if j.finished), key=_sort_key)
+    pending = [j for j in jobs if not j.finished]
+    rows = [j.row(swept) for j in done] + [j.row(swept) for j in pending]
+
+    with (out_dir / "report.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(COLUMNS)
+        writer.writerows(rows)
+    lines = [f"# Sweep report: {sweep_dir}", "", f"{len(done)} of {len(jobs)} jobs finished, sorted by test/acc.", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if pending:
+        lines += ["", "Not finished: " + ", ".join(f"{j.name} ({j.path})" for j in pending)]
+    plots = []
+    if len(swept) >= 2 and done:
+        plots.append(_heatmap(done, swept[0], swept[1], out_dir / "heatmap.png"))
+    if any(j.curve for j in jobs):
+        plots.append(_curves(jobs, swept, out_dir / "curves.png"))
+    lines += [""] + [f"![{p.stem}]({p.name})" for p in plots]
+    (out_dir / "report.md").write_text("\n".join(lines) + "\n")
+    return {"jobs": len(jobs), "finished": len(done), "pending": [j.name for j in pending], "rows": rows,
+            "swept": swept, "files": [out_dir / "report.md", out_dir / "report.csv", *plots]}  # fmt: skip
+
+
+def _sortable(value: str) -> tuple:
+    number = _number(value)
+    return (0, number, "") if number is not None and math.isfinite(number) else (1, 0.0, value)
+
+
+def _heatmap(jobs: list[Job], x_key: str, y_key: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = sorted({j.overrides.get(x_key, "-") for j in jobs}, key=_sortable)
+    ys = sorted({j.overrides.get(y_key, "-") for j in jobs}, key=_sortable)
+    grid = [[math.nan] * len(xs) for _ in ys]
+    for job in jobs:
+        value = job.best_val_acc if job.best_val_acc is not None else job.test_acc
+        if value is not None:
+            grid[ys.index(job.overrides.get(y_key, "-"))][xs.index(job.overrides.get(x_key, "-"))] = value
+    fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(xs), 1.2 + 0.8 * len(ys)))
+    image = ax.imshow(grid, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(xs)), xs)
+    ax.set_yticks(range(len(ys)), ys)
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(y_key)
+    for r, row in enumerate(grid):
+        for c, value in enumerate(row):
+            if not math.isnan(value):
+                ax.text(c, r, f"{value:.4f}", ha="center", va="center", color="white", fontsize=9)
+    fig.colorbar(image, ax=ax, label="best val/acc")
+    ax.set_title("best val/acc")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _curves(jobs: list[Job], swept: list[str], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for job in jobs:
+        if job.curve:
+            label = " ".join(f"{k}={job.overrides.get(k)}" for k in swept) or job.name
+            ax.plot([e + 1 for e, _ in job.curve], [a for _, a in job.curve], marker="o", label=label)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("val/acc")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("validation accuracy per epoch")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

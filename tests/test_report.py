@@ -1,0 +1,73 @@
+"""A real 2 x 2 sweep, then its report."""
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, TINY, run_cli
+
+
+@pytest.fixture(scope="module")
+def sweep(tiny_data, tmp_path_factory):
+    sweep_dir = tmp_path_factory.mktemp("sweep") / "multirun"
+    args = [
+        "-m",
+        *TINY,
+        "trainer.max_epochs=2",
+        "batch.global_size=16,32",
+        "optim.lr=0.001,0.01",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    result = run_cli(args, sweep_dir, tiny_data)
+    assert result.returncode == 0, result.stderr
+    return sweep_dir
+
+
+def report(*args):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sweep_report.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_report_table_and_plots(sweep, tmp_path):
+    result = report(sweep, "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    with (tmp_path / "report.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4
+    for row in rows:
+        results = json.loads((sweep / row["job"] / "results.json").read_text())
+        assert float(row["test/acc"]) == pytest.approx(results["test/acc"], abs=1e-4)
+        assert int(row["epochs"]) == 2
+        assert "batch.global_size=" in row["overrides"] and "optim.lr=" in row["overrides"]
+    accs = [float(r["test/acc"]) for r in rows]
+    assert accs == sorted(accs, reverse=True)
+    for name in ("heatmap.png", "curves.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        import matplotlib.image
+
+        assert matplotlib.image.imread(tmp_path / name).shape[0] > 100
+    assert "| job | overrides |" in (tmp_path / "report.md").read_text()
+
+
+def test_half_finished_sweep_lists_what_did_not_finish(sweep, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(sweep, copy)
+    (copy / "2" / "results.json").unlink()
+    result = report(copy)
+    assert result.returncode == 0, result.stderr
+    assert "3 of 4 jobs finished" in result.stdout
+    assert "not finished: 2" in result.stderr
+
+
+def test_empty_sweep_dir_is_one_clear_line(tmp_path):
+    result = report(tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: no jobs in") and len(result.stderr.splitlines()) == 1
