@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: help install train test test-fast lint format clean slurm-up slurm-down report
+.PHONY: help install train test test-fast lint format clean slurm-up slurm-down report bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -43,3 +43,6 @@ slurm-down: ## stop the daemons slurm-up started
 
 report: ## table and plots of a sweep: make report SWEEP=multirun/<date>/<time>
 	$(BIN)/python scripts/sweep_report.py $(SWEEP)
+
+bench: ## benchmark suite on the real MNIST in DATA_DIR; writes benchmarks/RESULTS.md and results.png
+	$(BIN)/python scripts/benchmark.py

@@ -1,0 +1,363 @@
+"""Benchmarks, each a ratio measured side by side in one run: `python scripts/benchmark.py [--smoke]`.
+
+1. framework overhead: the project's Lightning loop vs a plain PyTorch loop (same model, batches, optimizer)
+2. data path: the tensor loader vs torchvision MNIST + ToTensor/Normalize through a DataLoader
+3. time to 99%: whole `python train.py experiment=fast` vs the classic recipe vs a plain PyTorch script
+4. start-up: `python train.py --cfg job`, and process start to the first training step
+5. scaling: 1 vs 2 DDP processes on CPU, same global batch and steps
+
+Every figure is the median of --repeats runs with min and max. Results go to benchmarks/RESULTS.md
+and benchmarks/results.png (or --out). Needs the real MNIST in DATA_DIR, except with --smoke, which
+runs everything tiny on generated data to prove the suite works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = [sys.executable, str(ROOT / "train.py")]
+
+
+def timed(fn, repeats: int) -> dict[str, float]:
+    values = [fn() for _ in range(repeats)]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def run(command: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> tuple[float, str]:
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+    return seconds, result.stdout + result.stderr
+
+
+# 1. Framework overhead ------------------------------------------------------------------------------
+def framework_overhead(data_dir: str, steps: int, repeats: int) -> dict:
+    """Seconds for `steps` optimizer steps: Lightning (project loop, logging on) vs plain PyTorch."""
+    import pytorch_lightning as pl
+    import torch
+    import torch.nn.functional as F
+
+    from hydralight.data import MEAN, STD, MNISTDataModule
+    from hydralight.model import Classifier
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    net_cfg = {"_target_": "hydralight.model.FastCNN", "channels": [24, 48], "hidden": 128}
+    opt_cfg = {"_target_": "torch.optim.Adam", "_partial_": True}
+    dm = MNISTDataModule(
+        data_dir, global_batch_size=64, val_size=5000 if "smoke" not in data_dir else 100, download=False
+    )
+    dm.setup("fit")
+
+    def lightning() -> float:
+        pl.seed_everything(0, verbose=False)
+        model = Classifier(net=net_cfg, optimizer=opt_cfg, lr=1e-3)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, limit_val_batches=0, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             use_distributed_sampler=False, num_sanity_val_steps=0)  # fmt: skip
+        start = time.perf_counter()
+        trainer.fit(model, datamodule=dm)
+        return time.perf_counter() - start
+
+    def plain() -> float:
+        torch.manual_seed(0)
+        model = Classifier(net=net_cfg, optimizer=opt_cfg, lr=1e-3).net
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        start = time.perf_counter()
+        done = 0
+        while done < steps:
+            for x, y in dm.train_dataloader():
+                x = x.float().div_(255.0).sub_(MEAN).div_(STD)
+                loss = F.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                done += 1
+                if done == steps:
+                    break
+        return time.perf_counter() - start
+
+    lightning()  # warm-up: first-call costs are not the loop's
+    results = {"lightning_s": timed(lightning, repeats), "plain_s": timed(plain, repeats)}
+    results["ratio"] = results["lightning_s"]["median"] / results["plain_s"]["median"]
+    results["steps"] = steps
+    return results
+
+
+# 2. Data path --------------------------------------------------------------------------------------
+def data_path(data_dir: str, batches: int, repeats: int) -> dict:
+    import torch
+    from torch.utils.data import DataLoader
+    from torchvision import transforms
+    from torchvision.datasets import MNIST
+
+    from hydralight.data import MEAN, STD, MNISTDataModule
+
+    dm = MNISTDataModule(
+        data_dir, global_batch_size=128, val_size=5000 if "smoke" not in data_dir else 100, download=False
+    )
+    dm.setup("fit")
+
+    def fast() -> float:
+        start, n = time.perf_counter(), 0
+        for i, batch in enumerate(dm.train_dataloader()):
+            x, y = dm.on_after_batch_transfer(batch, 0)
+            n += len(y)
+            if i + 1 == batches:
+                break
+        return n / (time.perf_counter() - start)
+
+    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))])
+    dataset = MNIST(data_dir, train=True, download=False, transform=tf)
+
+    def classic() -> float:
+        loader = DataLoader(dataset, batch_size=128, shuffle=True, num_workers=1)
+        start, n = time.perf_counter(), 0
+        for i, (_, y) in enumerate(loader):
+            n += len(y)
+            if i + 1 == batches:
+                break
+        return n / (time.perf_counter() - start)
+
+    torch.manual_seed(0)
+    results = {"tensor_samples_per_s": timed(fast, repeats), "torchvision_samples_per_s": timed(classic, repeats)}
+    results["ratio"] = results["tensor_samples_per_s"]["median"] / results["torchvision_samples_per_s"]["median"]
+    return results
+
+
+# 3. Time to 99% ------------------------------------------------------------------------------------
+PLAIN_RECIPE = r"""
+import sys, time, torch, torch.nn.functional as F
+from hydralight.data import MEAN, STD, load_split
+from hydralight.model import FastCNN
+torch.manual_seed(42)
+images, labels = load_split(sys.argv[1], train=True)
+order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(42))[min(5000, len(labels) // 6):]
+x_all = images[order].unsqueeze(1).float().div(255).sub(MEAN).div(STD); y_all = labels[order]
+model = FastCNN([24, 48], 128); opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+steps = len(y_all) // 64
+sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps, pct_start=0.25)
+perm = torch.randperm(len(y_all))
+for i in range(steps):
+    idx = perm[i * 64:(i + 1) * 64]
+    loss = F.cross_entropy(model(x_all[idx]), y_all[idx]); opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+model.eval(); ti, tl = load_split(sys.argv[1], train=False)
+with torch.no_grad():
+    acc = (model(ti.unsqueeze(1).float().div(255).sub(MEAN).div(STD)).argmax(1) == tl).float().mean().item()
+print(f"test/acc={acc:.4f}")
+"""
+
+
+def accuracy_of(output: str) -> float:
+    return float(re.findall(r"^test/acc=(\d\.\d+)", output, re.M)[-1])
+
+
+def time_to_99(data_dir: str, repeats: int, smoke: bool, out: Path) -> dict:
+    env = {"DATA_DIR": data_dir}
+    tiny = ["data.val_size=100", "trainer.limit_train_batches=5", "batch.eval_size=50"] if smoke else []
+    runs = {
+        "fast": [*TRAIN, "experiment=fast", "hardware=cpu", "logger=none", *tiny],
+        "classic": [
+            *TRAIN,
+            "model=cnn",
+            "data.loader=torchvision",
+            "batch.global_size=128",
+            "trainer.max_epochs=3",
+            "hardware=cpu",
+            "logger=none",
+            *tiny,
+        ],  # fmt: skip
+    }
+    results: dict = {}
+    for name, command in runs.items():
+        accs = []
+
+        def once(command=command, name=name, accs=accs) -> float:
+            seconds, output = run([*command, f"hydra.run.dir={tempfile.mkdtemp(dir=out)}"], env)
+            accs.append(accuracy_of(output))
+            return seconds
+
+        results[name] = timed(once, 1 if name == "classic" else repeats)
+        results[name]["test_acc"] = accs
+    script = out / "plain_recipe.py"
+    script.write_text(PLAIN_RECIPE)
+    accs = []
+
+    def plain() -> float:
+        seconds, output = run([sys.executable, str(script), data_dir], env)
+        accs.append(accuracy_of(output))
+        return seconds
+
+    results["plain"] = timed(plain, repeats)
+    results["plain"]["test_acc"] = accs
+    results["speedup_vs_classic"] = results["classic"]["median"] / results["fast"]["median"]
+    results["vs_plain"] = results["fast"]["median"] / results["plain"]["median"]
+    return results
+
+
+# 4. Start-up ---------------------------------------------------------------------------------------
+def startup(data_dir: str, repeats: int, out: Path) -> dict:
+    cfg_job = timed(lambda: run([*TRAIN, "--cfg", "job"])[0], repeats)
+
+    def first_step() -> float:
+        start = time.time()
+        _, output = run(
+            [
+                *TRAIN,
+                "experiment=fast",
+                "hardware=cpu",
+                "logger=none",
+                "trainer.max_steps=1",
+                "+callbacks.clock._target_=bench_clock.FirstStepClock",
+                "data.val_size=100",
+                f"hydra.run.dir={tempfile.mkdtemp(dir=out)}",
+            ],  # fmt: skip
+            {"DATA_DIR": data_dir, "PYTHONPATH": str(ROOT / "scripts")},
+        )
+        return float(re.findall(r"first step done at (\d+\.\d+)", output)[0]) - start
+
+    return {"cfg_job_s": cfg_job, "first_step_s": timed(first_step, repeats)}
+
+
+# 5. 1 vs 2 processes ------------------------------------------------------------------------------
+def scaling(data_dir: str, steps: int, repeats: int, out: Path) -> dict:
+    results = {}
+    for devices in (1, 2):
+
+        def once(devices=devices) -> float:
+            _, output = run([*TRAIN, "hardware=cpu", f"hardware.devices={devices}", "model=fastcnn",
+                             "batch.global_size=128", f"trainer.max_steps={steps}", "trainer.limit_val_batches=0",
+                             "trainer.limit_test_batches=1", "logger=none", "data.val_size=100",
+                             "+callbacks.clock._target_=bench_clock.StepClock", f"+callbacks.clock.warmup={steps // 5}",
+                             f"hydra.run.dir={tempfile.mkdtemp(dir=out)}"],
+                            {"DATA_DIR": data_dir, "PYTHONPATH": str(ROOT / "scripts")})  # fmt: skip
+            return 128 * float(re.findall(r"steady steps per second (\d+\.\d+)", output)[0])
+
+        results[f"{devices}_process_samples_per_s"] = timed(once, repeats)
+    one, two = (results[f"{d}_process_samples_per_s"]["median"] for d in (1, 2))
+    results["speedup"] = two / one
+    results["efficiency"] = two / one / 2
+    results["ddp_overhead_ms_per_step"] = (128 / two - 128 / one / 2) * 1000  # time beyond a perfect split
+    results["steps"] = steps
+    return results
+
+
+def machine() -> str:
+    import torch
+
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
+
+
+def fmt(stat: dict, digits: int = 2) -> str:
+    return f"{stat['median']:.{digits}f} (min {stat['min']:.{digits}f}, max {stat['max']:.{digits}f}, n={stat['n']})"
+
+
+def write_results(results: dict, out: Path, smoke: bool) -> None:
+    f, d, t, s, p = (results[k] for k in ("framework", "data", "time_to_99", "startup", "scaling"))
+    rows = [
+        ("framework overhead: Lightning / plain loop", f"{f['ratio']:.3f}", "<= 1.05",
+         f"{fmt(f['lightning_s'])} s vs {fmt(f['plain_s'])} s for {f['steps']} steps"),
+        ("data path: tensor / torchvision samples/s", f"{d['ratio']:.1f}x", ">= 20x",
+         f"{fmt(d['tensor_samples_per_s'], 0)} vs {fmt(d['torchvision_samples_per_s'], 0)}"),
+        ("time to 99%: classic / experiment=fast", f"{t['speedup_vs_classic']:.1f}x", ">= 10x",
+         f"{fmt(t['fast'])} s (acc {t['fast']['test_acc']}) vs {fmt(t['classic'])} s (acc {t['classic']['test_acc']})"),
+        ("time to 99%: experiment=fast / plain script", f"{t['vs_plain']:.2f}", "<= 1.3",
+         f"plain {fmt(t['plain'])} s (acc {t['plain']['test_acc']})"),
+        ("start-up: `train.py --cfg job`", f"{s['cfg_job_s']['median']:.2f} s", "< 1 s", fmt(s["cfg_job_s"])),
+        ("start-up: process start to first step", f"{s['first_step_s']['median']:.2f} s", "-", fmt(s["first_step_s"])),
+        ("DDP on CPU: 2 / 1 processes samples/s", f"{p['speedup']:.2f}x", "-",
+         f"{fmt(p['1_process_samples_per_s'], 0)} vs {fmt(p['2_process_samples_per_s'], 0)}; efficiency "
+         f"{p['efficiency']:.0%}, DDP overhead {p['ddp_overhead_ms_per_step']:.1f} ms/step"),
+    ]  # fmt: skip
+    lines = [
+        "# Benchmarks" + (" (smoke run: tiny sizes, numbers mean nothing)" if smoke else ""),
+        "",
+        f"Machine: {machine()}. Measured {time.strftime('%Y-%m-%d')}.",
+        "",
+        "| benchmark | ratio / value | goal | measured (median, min, max) |",
+        "|---|---|---|---|",
+        *[f"| {a} | {b} | {c} | {e} |" for a, b, c, e in rows],
+        "",
+        "Reproduce: `make bench` (real MNIST in `DATA_DIR`); `python scripts/benchmark.py --smoke` checks the suite.",
+        "Raw figures: `results.json`.",
+    ]
+    (out / "RESULTS.md").write_text("\n".join(lines) + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot(results, out / "results.png")
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = results["time_to_99"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    names = ["experiment=fast", "plain script", "classic recipe"]
+    values = [t["fast"]["median"], t["plain"]["median"], t["classic"]["median"]]
+    a.barh(names, values, color=["tab:green", "tab:blue", "tab:gray"])
+    a.set_xlabel("seconds, whole process")
+    a.set_title("time to test accuracy")
+    ratios = {"framework\n(Lightning/plain)": results["framework"]["ratio"],
+              "DDP speedup\n(2 vs 1 proc)": results["scaling"]["speedup"]}  # fmt: skip
+    b.bar(list(ratios), list(ratios.values()), color=["tab:orange", "tab:purple"])
+    b.axhline(1.0, color="black", lw=0.8)
+    b.set_title("ratios")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on generated data: proves the suite runs")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks")
+    args = parser.parse_args()
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-"))
+    if args.smoke:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from conftest import make_mnist
+
+        data_dir = str(make_mnist(work / "smoke-data"))
+        repeats, steps, batches = 1, 5, 3
+    else:
+        data_dir = os.environ.get("DATA_DIR", str(ROOT / "data"))
+        repeats, steps, batches = args.repeats, 200, 200
+    results = {
+        "framework": framework_overhead(data_dir, steps, repeats),
+        "data": data_path(data_dir, batches, repeats),
+        "time_to_99": time_to_99(data_dir, repeats, args.smoke, work),
+        "startup": startup(data_dir, repeats, work),
+        "scaling": scaling(data_dir, 10 if args.smoke else 150, repeats, work),
+    }
+    write_results(results, out, args.smoke)
+    print((out / "RESULTS.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
