@@ -29,9 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(ROOT / "train.py")]
 
 
-def timed(fn, repeats: int) -> dict[str, float]:
-    values = [fn() for _ in range(repeats)]
+def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def timed(fn, repeats: int) -> dict[str, float]:
+    return summary([fn() for _ in range(repeats)])
 
 
 def run(command: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> tuple[float, str]:
@@ -90,7 +93,9 @@ def framework_overhead(data_dir: str, steps: int, repeats: int) -> dict:
         return time.perf_counter() - start
 
     lightning()  # warm-up: first-call costs are not the loop's
-    results = {"lightning_s": timed(lightning, repeats), "plain_s": timed(plain, repeats)}
+    # Interleaved, so that drift in the machine's speed hits both sides alike.
+    pairs = [(lightning(), plain()) for _ in range(repeats)]
+    results = {"lightning_s": summary([a for a, _ in pairs]), "plain_s": summary([b for _, b in pairs])}
     results["ratio"] = results["lightning_s"]["median"] / results["plain_s"]["median"]
     results["steps"] = steps
     return results
@@ -346,9 +351,9 @@ def main() -> int:
         repeats, steps, batches = 1, 5, 3
     else:
         data_dir = os.environ.get("DATA_DIR", str(ROOT / "data"))
-        repeats, steps, batches = args.repeats, 200, 200
+        repeats, steps, batches = args.repeats, 300, 200
     results = {
-        "framework": framework_overhead(data_dir, steps, repeats),
+        "framework": framework_overhead(data_dir, steps, repeats if args.smoke else 2 * repeats),
         "data": data_path(data_dir, batches, repeats),
         "time_to_99": time_to_99(data_dir, repeats, args.smoke, work),
         "startup": startup(data_dir, repeats, work),

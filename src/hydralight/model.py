@@ -93,9 +93,11 @@ class Classifier(pl.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = F.cross_entropy(self(x), y)
-        # Step values are this rank's; the epoch value is reduced over all ranks and samples.
-        self.train_loss(loss.detach(), len(y))
-        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(y))
+        # The step value is this rank's, logged as it is; the epoch value is reduced over all ranks and
+        # samples once per epoch (a Metric's forward on every step would cost more than the step itself).
+        self.train_loss.update(loss.detach(), len(y))
+        self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=len(y))
+        self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True, batch_size=len(y))
         return loss
 
     def _evaluate(self, stage: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
