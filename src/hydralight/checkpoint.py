@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from hydralight.errors import UserError
 from hydralight.model import Classifier
@@ -31,18 +32,85 @@ def check_mode(mode: str, ckpt_path: str | None) -> None:
         raise UserError("mode=eval needs the checkpoint to test: add ckpt_path=PATH/TO/file.ckpt")
 
 
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's contents, loaded without running pickled code."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"ckpt_path={path} does not exist; pass the .ckpt file of a run (its checkpoints/ folder)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{path} is not a checkpoint of this project ({reason[:200]})") from None
+
+
 def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
-    """The checkpoint `trainer.fit` continues from: `ckpt_path` if given, else with `resume=auto` the
-    run dir's own last.ckpt (a requeued or restarted job lands in the same dir), else none."""
+    """The checkpoint `trainer.fit` continues from: `ckpt_path` if given, else (resume=auto or
+    resume=RUN_DIR) the run dir's own last.ckpt, so a requeued or restarted job continues; checked to
+    hold this run's model."""
     if cfg.ckpt_path:
-        if not Path(cfg.ckpt_path).is_file():
-            raise UserError(
-                f"ckpt_path={cfg.ckpt_path} does not exist; pass the .ckpt file of a run (its checkpoints/ folder)"
-            )
-        return str(cfg.ckpt_path)
-    if cfg.resume not in ("auto", "never"):
+        path = Path(cfg.ckpt_path)
+    elif cfg.resume == "never":
+        return None
+    else:
+        path = output_dir / "checkpoints" / "last.ckpt"
+        if not path.is_file():
+            return None
+    saved = read_checkpoint(path).get("hyper_parameters", {}).get("net")
+    wanted = OmegaConf.to_container(cfg.model.net, resolve=True)
+    if saved != wanted:
         raise UserError(
-            f"resume={cfg.resume} is not supported; use resume=auto (continue this run dir) or resume=never"
+            f"{path} holds another model ({_describe(saved)}) than this run ({_describe(wanted)}); "
+            "pick the matching model=..., or start fresh with resume=never / another run dir"
         )
-    last = output_dir / "checkpoints" / "last.ckpt"
-    return str(last) if cfg.resume == "auto" and last.is_file() else None
+    return str(path)
+
+
+def _describe(net: Any) -> str:
+    if not isinstance(net, dict):
+        return "no model config"
+    target = str(net.get("_target_", "?")).rsplit(".", 1)[-1]
+    args = ", ".join(f"{k}={v}" for k, v in net.items() if k != "_target_")
+    return f"{target}({args})"
+
+
+# Settings a resumed run may change: how long it trains.
+EXTENDABLE = ("trainer.max_epochs", "trainer.max_steps")
+
+
+def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """With `resume=RUN_DIR`, that run's saved config; the command line may only extend training.
+
+    Any other override that contradicts the saved run is refused, naming each key that differs.
+    """
+    if cfg.resume in ("auto", "never"):
+        return cfg
+    run_dir = Path(str(cfg.resume))
+    saved_file = run_dir / "config.yaml"
+    if not saved_file.is_file():
+        raise UserError(
+            f"resume={cfg.resume} is not the dir of an earlier run (no config.yaml there); "
+            "pass a run dir (outputs/<date>/<time>), or use resume=auto / resume=never"
+        )
+    saved = OmegaConf.load(saved_file)
+    differ = []
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if key == "resume" or key.startswith("hydra") or key in EXTENDABLE:
+            continue
+        now, then = OmegaConf.select(cfg, key), OmegaConf.select(saved, key)
+        as_plain = lambda v: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v  # noqa: E731
+        if as_plain(now) != as_plain(then):
+            differ.append(f"{key} (run: {as_plain(then)}, now: {as_plain(now)})")
+    if differ:
+        raise UserError(
+            f"resume={run_dir} is a different experiment: {'; '.join(differ)}; "
+            "drop those overrides to continue that run, or start a new one"
+        )
+    for key in EXTENDABLE:
+        OmegaConf.update(saved, key, OmegaConf.select(cfg, key), force_add=True)
+    OmegaConf.update(saved, "paths.output_dir", str(run_dir.resolve()))
+    OmegaConf.update(saved, "resume", "auto")
+    return saved

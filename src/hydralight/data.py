@@ -219,6 +219,9 @@ class MNISTDataModule(pl.LightningDataModule):
     def _loader(
         self, dataset: Dataset, batch_sampler: Any, loader_class: type = DataLoader, **extra: Any
     ) -> DataLoader:
+        # An own generator: starting an iterator then draws nothing from the global RNG, which stays
+        # the model's alone (dropout), so a resumed run draws exactly what an uninterrupted one does.
+        extra["generator"] = torch.Generator().manual_seed(self.seed)
         if self.loader == "tensor":
             return loader_class(dataset, batch_sampler=batch_sampler, collate_fn=_whole_batch, **extra)
         return loader_class(

@@ -59,3 +59,36 @@ def shared_run_overrides(argv: list[str]) -> list[str]:
 def with_shared_run_dir() -> None:
     """Apply `shared_run_overrides` to this process's command line (before Hydra reads it)."""
     sys.argv += shared_run_overrides(sys.argv[1:])
+
+
+def _value(argv: list[str], key: str) -> str | None:
+    for arg in reversed(argv):
+        if arg.lstrip("+").startswith(f"{key}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def resume_overrides(argv: list[str]) -> list[str]:
+    """`resume=RUN_DIR` continues that run in its own dir; Hydra's record of the original command stays."""
+    target = _value(argv, "resume")
+    if target in (None, "auto", "never") or _value(argv, "hydra.run.dir") is not None:
+        return []
+    return [f"hydra.run.dir={target}", "hydra.output_subdir=null"]
+
+
+def check_run_dir_writable(argv: list[str]) -> None:
+    """Refuse, before Hydra starts, a run dir that cannot be created or written."""
+    from hydralight.errors import UserError
+
+    multirun = "-m" in argv or "--multirun" in argv
+    target = _value(argv, "hydra.sweep.dir" if multirun else "hydra.run.dir") or ("multirun" if multirun else "outputs")
+    try:
+        os.makedirs(target, exist_ok=True)
+        probe = os.path.join(target, f".write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        raise UserError(
+            f"cannot write run outputs to {target} ({err.strerror}); run from a writable folder or set hydra.run.dir=..."
+        ) from None

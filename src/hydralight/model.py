@@ -15,6 +15,8 @@ from torch import nn
 from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from hydralight.errors import UserError
+
 NUM_CLASSES = 10
 
 
@@ -93,6 +95,13 @@ class Classifier(pl.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = F.cross_entropy(self(x), y)
+        if not torch.isfinite(loss):
+            # Stop before this step's update reaches the weights or a checkpoint: the last one stays good.
+            raise UserError(
+                f"the loss is {loss.item()} at step {self.global_step} (epoch {self.current_epoch}); "
+                f"lower optim.lr (now {self.hparams.lr:g}) or set trainer.gradient_clip_val; "
+                "the last good checkpoint is kept in checkpoints/"
+            )
         # The step value is this rank's, logged as it is; the epoch value is reduced over all ranks and
         # samples once per epoch (a Metric's forward on every step would cost more than the step itself).
         self.train_loss.update(loss.detach(), len(y))
@@ -117,6 +126,19 @@ class Classifier(pl.LightningModule):
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate("test", batch)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Random state too, so that a resumed run draws the same dropout masks as an uninterrupted one.
+        checkpoint["rng"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            checkpoint["rng"]["cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        rng = checkpoint.get("rng", {})
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
 
     def configure_optimizers(self) -> Any:
         lr = self.hparams.lr

@@ -1,4 +1,5 @@
-"""Ending a run on request without losing work: the cluster's warning signal, SIGTERM and Ctrl-C.
+"""Losing no work: periodic `last.ckpt` inside epochs, and ending a run on request (the cluster's
+warning signal, SIGTERM, Ctrl-C) with a checkpoint.
 
 One owner for these signals: this callback. A handler only records the signal; at the next optimizer
 step boundary the ranks agree (an all-reduce), save `last.ckpt` together, rank 0 asks SLURM to requeue
@@ -13,6 +14,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -24,6 +26,39 @@ from pytorch_lightning.callbacks import Callback
 log = logging.getLogger(__name__)
 
 NONE, STOP, REQUEUE = 0, 1, 2
+
+
+def at_step_boundary(trainer: pl.Trainer, batch_idx: int) -> bool:
+    """True after the micro-batch that completes an optimizer step: the only safe place to save."""
+    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or bool(trainer.is_last_batch)
+
+
+class PeriodicCheckpoint(Callback):
+    """`last.ckpt` every `every_n_steps` optimizer steps and/or `every_minutes`, inside epochs too, so a
+    kill that gives no warning (SIGKILL, OOM killer, node failure) loses at most that much.
+
+    Lightning writes checkpoints to a temporary file and renames it, so a kill during the write leaves
+    the previous last.ckpt intact.
+    """
+
+    def __init__(
+        self, checkpoint_dir: str, every_n_steps: int | None = None, every_minutes: float | None = None
+    ) -> None:
+        self.checkpoint_path = Path(checkpoint_dir) / "last.ckpt"
+        self.every_n_steps = every_n_steps
+        self.every_minutes = every_minutes
+        self._last_save = time.monotonic()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if not at_step_boundary(trainer, args[-1]):
+            return
+        due = bool(self.every_n_steps) and trainer.global_step % self.every_n_steps == 0
+        if self.every_minutes and not due:
+            # Clocks differ between ranks: rank 0 decides for all.
+            due = trainer.strategy.broadcast(time.monotonic() - self._last_save >= 60 * self.every_minutes)
+        if due:
+            trainer.save_checkpoint(self.checkpoint_path)
+            self._last_save = time.monotonic()
 
 
 class Interrupted(SystemExit):
@@ -68,8 +103,7 @@ class Preemption(Callback):
 
     # Training side: act at a step boundary, all ranks together.
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        batch_idx = args[-1]
-        if (batch_idx + 1) % trainer.accumulate_grad_batches and not trainer.is_last_batch:
+        if not at_step_boundary(trainer, args[-1]):
             return  # mid-accumulation: the next boundary is a few micro-batches away
         requested = self.requested
         if trainer.world_size > 1:

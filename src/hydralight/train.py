@@ -5,6 +5,7 @@ Heavy imports (torch, Lightning) happen inside `run`, so `python train.py --cfg 
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
@@ -12,16 +13,16 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from hydralight.errors import UserError, exit_on_user_error
-from hydralight.launchers import is_rank_zero, with_shared_run_dir
+from hydralight.launchers import check_run_dir_writable, is_rank_zero, resume_overrides, with_shared_run_dir
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
-def run(cfg: DictConfig) -> float | None:
+def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     """Train and test (or only test, `mode=eval`) as the config says; return the test accuracy."""
     from hydra.utils import instantiate
 
-    from hydralight.checkpoint import check_mode, resume_path
+    from hydralight.checkpoint import check_mode, resume_path, resumed_config
     from hydralight.distributed import build_strategy, job_scope
     from hydralight.model import build_model
     from hydralight.plan import Machine, apply_plan, check_plan, make_plan
@@ -32,7 +33,7 @@ def run(cfg: DictConfig) -> float | None:
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
 
     # 1. Plan: hardware -> framework -> task, refused here if this machine cannot run it.
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg = resumed_config(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)), overrides or [])
     machine = Machine.detect()
     plan = make_plan(cfg, machine)
     if cfg.plan:
@@ -73,7 +74,7 @@ def main(cfg: DictConfig) -> float | None:
 
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        result = run(cfg)
+        result = run(cfg, list(HydraConfig.get().overrides.task))
     except UserError:
         # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it).
         if is_rank_zero():
@@ -85,6 +86,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def cli() -> None:
-    """`python train.py`: every rank of a torchrun/srun launch shares one run dir, then Hydra runs."""
+    """`python train.py`: settle the run dir (shared by the ranks of a torchrun/srun launch, the earlier
+    run's with resume=RUN_DIR, writable in any case), then let Hydra run."""
     with_shared_run_dir()
+    sys.argv += resume_overrides(sys.argv[1:])
+    exit_on_user_error(check_run_dir_writable)(sys.argv[1:])
     main()

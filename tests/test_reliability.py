@@ -1,0 +1,183 @@
+"""Interruptions lose nothing; every bad input ends in one clear line, a non-zero exit, nothing overwritten."""
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, TINY, run_cli, write_idx
+
+HELPERS = Path(__file__).parent / "helpers"
+LONG = [*TINY, "model=cnn", "trainer.limit_train_batches=null", "trainer.max_epochs=3", "seed=9",
+        "callbacks.periodic_checkpoint.every_n_steps=4"]  # fmt: skip
+
+
+def start(args: list[str], run: Path, data: Path) -> subprocess.Popen:
+    env = {**os.environ, "DATA_DIR": str(data), "PYTHONPATH": str(HELPERS)}
+    command = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run}"]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[0][-2000:]
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_ends_exactly_like_an_uninterrupted_run(tiny_data, tmp_path):
+    plain, killed = tmp_path / "plain", tmp_path / "killed"
+    assert run_cli(LONG, plain, tiny_data).returncode == 0
+    slow = ["+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.1"]
+    proc = start([*LONG, *slow], killed, tiny_data)
+    wait_for(killed / "checkpoints" / "last.ckpt", proc)
+    time.sleep(1.0)  # a few steps past the checkpoint: those are lost and must be redone identically
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    step_at_kill = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 0 < step_at_kill < 45
+    resumed = run_cli(LONG, killed, tiny_data)  # same command, same dir: resume=auto
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Restoring states from the checkpoint" in resumed.stdout + resumed.stderr
+    a, b = weights(plain), weights(killed)
+    assert all(torch.equal(a[k], b[k]) for k in a), "weights differ after resume"
+    ra, rb = (json.loads((r / "results.json").read_text()) for r in (plain, killed))
+    assert (ra["global_step"], ra["test/acc"]) == (rb["global_step"], rb["test/acc"]) == (45, ra["test/acc"])
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_promptly(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    slow = ["+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.1", "callbacks.periodic_checkpoint.every_n_steps=null"]
+    proc = start([*LONG, *slow], run, tiny_data)
+    wait_for(run / "ranks" / "rank0.json", proc)
+    time.sleep(1.0)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0]
+    assert time.monotonic() - sent < 15
+    assert proc.returncode == 128 + signal.SIGTERM, output[-2000:]
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] > 0
+    assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"
+
+
+def test_nan_loss_stops_with_the_step_named(tiny_data, tmp_path):
+    result = run_cli([*TINY, "optim=sgd", "optim.lr=1e12", "optim.lr_scaling=none", "trainer.max_epochs=3",
+                      "trainer.limit_train_batches=null"], tmp_path / "run", tiny_data)  # fmt: skip
+    line = one_line(result)
+    assert "the loss is nan" in line or "the loss is inf" in line
+    assert "at step" in line and "optim.lr" in line
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
+    assert "Traceback" not in result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    return errors[0]
+
+
+def test_labels_outside_0_to_9(fresh_data, tmp_path):
+    write_idx(fresh_data / "MNIST" / "raw" / "train-labels-idx1-ubyte", np.full(600, 12))
+    assert "label 12 outside 0-9" in one_line(run_cli(TINY, tmp_path / "run", fresh_data))
+
+
+def test_wrong_magic_number(fresh_data, tmp_path):
+    path = fresh_data / "MNIST" / "raw" / "t10k-images-idx3-ubyte"
+    path.write_bytes(b"\x00\x00\x09\x99" + path.read_bytes()[4:])
+    assert "t10k-images-idx3-ubyte is not an MNIST IDX file" in one_line(run_cli(TINY, tmp_path / "run", fresh_data))
+
+
+@pytest.mark.parametrize("override", ["model=nope", "hardware=nope", "strategy=nope", "precision=nope"])
+def test_unknown_option_lists_the_choices(tiny_data, tmp_path, override):
+    result = run_cli([*TINY, override], tmp_path / "run", tiny_data)
+    assert result.returncode != 0
+    assert "Available options" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_learning_rate_must_be_positive(tiny_data, tmp_path):
+    assert "optim.lr=-0.1 must be positive" in one_line(run_cli([*TINY, "optim.lr=-0.1"], tmp_path / "run", tiny_data))
+
+
+def test_checkpoint_that_does_not_exist(tiny_data, tmp_path):
+    line = one_line(run_cli([*TINY, "mode=eval", f"ckpt_path={tmp_path / 'nope.ckpt'}"], tmp_path / "run", tiny_data))
+    assert "nope.ckpt does not exist" in line
+
+
+def test_file_that_is_not_a_checkpoint(tiny_data, tmp_path):
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(os.urandom(2048))
+    assert "is not a checkpoint of this project" in one_line(run_cli([*TINY, "mode=eval", f"ckpt_path={junk}"], tmp_path / "run", tiny_data))
+
+
+class Payload:
+    """Unpickling this would run a command that leaves a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_checkpoint_runs_no_code(tiny_data, tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.ckpt"
+    with evil.open("wb") as f:
+        pickle.dump({"state_dict": Payload(marker), "hyper_parameters": {}}, f)
+    for mode in ("eval", "train"):
+        result = run_cli([*TINY, f"mode={mode}", f"ckpt_path={evil}"], tmp_path / f"run-{mode}", tiny_data)
+        assert "is not a checkpoint of this project" in one_line(result)
+    assert not marker.exists()
+
+
+def test_checkpoint_of_another_architecture(tiny_data, tmp_path):
+    mlp = tmp_path / "mlp"
+    assert run_cli(TINY, mlp, tiny_data).returncode == 0
+    line = one_line(run_cli([*TINY, "model=cnn", f"ckpt_path={mlp / 'checkpoints' / 'last.ckpt'}"], tmp_path / "cnn", tiny_data))
+    assert "holds another model (MLP(" in line and "SeedCNN(" in line
+
+
+def test_resume_a_run_by_its_dir_and_refuse_another_experiment(tiny_data, tmp_path):
+    first = tmp_path / "first"
+    assert run_cli([*TINY, "optim.lr=0.003"], first, tiny_data).returncode == 0
+    before = (first / "results.json").read_text()
+    # Continue it for one more epoch, without retyping its overrides.
+    env_run = run_cli(["resume=" + str(first), "trainer.max_epochs=2"], tmp_path / "unused", tiny_data)
+    assert env_run.returncode == 0, env_run.stderr[-2000:]
+    after = json.loads((first / "results.json").read_text())
+    assert after["epochs"] == 2 and after["global_step"] == 8 and before != json.dumps(after)
+    assert json.loads((first / "manifest.json").read_text())["plan"]["task"]["lr"] == 0.003
+    line = one_line(run_cli(["resume=" + str(first), "optim.lr=0.1", "model=cnn"], tmp_path / "unused2", tiny_data))
+    assert "is a different experiment" in line and "optim.lr (run: 0.003, now: 0.1)" in line and "model (" in line
+
+
+def test_output_dir_that_cannot_be_written(tiny_data, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    line = one_line(run_cli(TINY, blocker / "run", tiny_data))
+    assert "cannot write run outputs to" in line and str(blocker) in line
+
+
+def test_a_finished_run_is_never_overwritten(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    assert run_cli(TINY, run, tiny_data).returncode == 0
+    first = weights(run)
+    again = run_cli(TINY, run, tiny_data)  # same dir: continues (nothing left to train), never restarts
+    assert again.returncode == 0
+    second = weights(run)
+    assert all(torch.equal(first[k], second[k]) for k in first)
