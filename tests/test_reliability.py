@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import ROOT, TINY, run_cli, write_idx
 
 HELPERS = Path(__file__).parent / "helpers"
@@ -62,7 +61,11 @@ def test_sigkill_then_resume_ends_exactly_like_an_uninterrupted_run(tiny_data, t
 @pytest.mark.slow
 def test_sigterm_saves_and_exits_promptly(tiny_data, tmp_path):
     run = tmp_path / "run"
-    slow = ["+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.1", "callbacks.periodic_checkpoint.every_n_steps=null"]
+    slow = [
+        "+callbacks.slow._target_=slow.SlowSteps",
+        "+callbacks.slow.seconds=0.1",
+        "callbacks.periodic_checkpoint.every_n_steps=null",
+    ]
     proc = start([*LONG, *slow], run, tiny_data)
     wait_for(run / "ranks" / "rank0.json", proc)
     time.sleep(1.0)
@@ -121,7 +124,9 @@ def test_checkpoint_that_does_not_exist(tiny_data, tmp_path):
 def test_file_that_is_not_a_checkpoint(tiny_data, tmp_path):
     junk = tmp_path / "junk.ckpt"
     junk.write_bytes(os.urandom(2048))
-    assert "is not a checkpoint of this project" in one_line(run_cli([*TINY, "mode=eval", f"ckpt_path={junk}"], tmp_path / "run", tiny_data))
+    assert "is not a checkpoint of this project" in one_line(
+        run_cli([*TINY, "mode=eval", f"ckpt_path={junk}"], tmp_path / "run", tiny_data)
+    )
 
 
 class Payload:
@@ -148,7 +153,9 @@ def test_malicious_checkpoint_runs_no_code(tiny_data, tmp_path):
 def test_checkpoint_of_another_architecture(tiny_data, tmp_path):
     mlp = tmp_path / "mlp"
     assert run_cli(TINY, mlp, tiny_data).returncode == 0
-    line = one_line(run_cli([*TINY, "model=cnn", f"ckpt_path={mlp / 'checkpoints' / 'last.ckpt'}"], tmp_path / "cnn", tiny_data))
+    line = one_line(
+        run_cli([*TINY, "model=cnn", f"ckpt_path={mlp / 'checkpoints' / 'last.ckpt'}"], tmp_path / "cnn", tiny_data)
+    )
     assert "holds another model (MLP(" in line and "SeedCNN(" in line
 
 

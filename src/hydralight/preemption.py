@@ -91,7 +91,7 @@ class Preemption(Callback):
         self.requested = max(self.requested, wanted)
         log.warning(f"received {signal.Signals(signum).name}: checkpointing at the next step boundary")
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Runs after Lightning (and submitit) installed theirs: from here this callback owns them.
         for signum in (signal.SIGTERM, signal.SIGINT, self.requeue_signal):
             self._previous[signum] = signal.signal(signum, self._handler)
