@@ -39,7 +39,17 @@ def test_two_process_ddp_on_cpu(tiny_data, tmp_path, strategy):
     # One set of outputs, written once.
     assert len(re.findall(r"^test/acc=", result.stdout, re.M)) == 1
     assert sorted(p.name for p in run.iterdir()) == sorted(
-        [".hydra", "checkpoints", "config.yaml", "csv", "plan.yaml", "ranks", "results.json", "train.log"]
+        [
+            ".hydra",
+            "checkpoints",
+            "config.yaml",
+            "csv",
+            "manifest.json",
+            "plan.yaml",
+            "ranks",
+            "results.json",
+            "train.log",
+        ]
     )
     assert (run / "csv" / "metrics.csv").read_text().count("\n0,3,") <= 3
     log_lines = (run / "train.log").read_text().splitlines()

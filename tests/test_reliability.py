@@ -188,3 +188,36 @@ def test_a_finished_run_is_never_overwritten(tiny_data, tmp_path):
     assert again.returncode == 0
     second = weights(run)
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_four_jobs_preparing_one_data_dir_at_once(tiny_data, tmp_path):
+    """Only one downloads; the others wait on the lock and never read a half-written file."""
+    shared, count = tmp_path / "shared", tmp_path / "downloads.txt"
+    env = {**os.environ, "PYTHONPATH": str(HELPERS)}
+    command = [sys.executable, str(HELPERS / "slow_download.py"), str(shared), str(tiny_data), str(count)]
+    procs = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-1500:] for _, err in outputs]
+    assert [out.strip() for out, _ in outputs] == ["500"] * 4
+    assert count.read_text().count("download") == 1
+    for src in (tiny_data / "MNIST" / "raw").iterdir():
+        assert (shared / "MNIST" / "raw" / src.name).read_bytes() == src.read_bytes()
+
+
+@pytest.mark.slow
+def test_checkpoint_from_two_processes_resumes_with_one(tiny_data, tmp_path):
+    """A 2-process run cut short continues on 1 process along the same global sample order."""
+    base = [*TINY, "trainer.limit_train_batches=null", "seed=4", "callbacks.periodic_checkpoint.every_n_steps=5"]
+    plain, moved = tmp_path / "plain", tmp_path / "moved"
+    assert run_cli([*base, "trainer.max_epochs=2"], plain, tiny_data).returncode == 0
+    # 2 processes stop after 20 of 30 steps, mid-epoch; then 1 process finishes the same run.
+    first = run_cli([*base, "hardware.devices=2", "trainer.max_epochs=2", "trainer.max_steps=20"], moved, tiny_data)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run_cli([*base, "trainer.max_epochs=2"], moved, tiny_data)
+    assert second.returncode == 0, second.stderr[-2000:]
+    a, b = weights(plain), weights(moved)
+    worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)).item() for k in a)
+    assert worst < 1e-4, worst
+    assert json.loads((moved / "results.json").read_text())["global_step"] == 30

@@ -158,10 +158,22 @@ class MNISTDataModule(pl.LightningDataModule):
     def files_present(self) -> bool:
         return all((raw_dir(self.data_dir) / name).is_file() for name in IDX_FILES)
 
+    def _lock(self) -> Any:
+        """The data folder's lock: taken by whoever checks or fetches the files. A folder nobody can
+        write to (a read-only shared copy) cannot be half-written, and needs none."""
+        folder = Path(self.data_dir)
+        writable = os.access(folder if folder.exists() else folder.parent, os.W_OK)
+        return FileLock(str(folder / "MNIST.lock")) if writable and folder.exists() else contextlib.nullcontext()
+
     def prepare_data(self) -> None:
-        """Download through torchvision when files are missing (Lightning calls this on one rank)."""
-        if self.files_present():
-            return
+        """Download through torchvision when files are missing (Lightning calls this on one rank per node).
+
+        Several jobs of a sweep may share the folder: one downloads under the lock, the others wait
+        and then find the files complete.
+        """
+        with self._lock():
+            if self.files_present():
+                return
         where = raw_dir(self.data_dir)
         fix = f"set DATA_DIR (or data.data_dir) to a folder holding MNIST/raw/, or connect to the internet to download into {self.data_dir}"
         if not self.download:
@@ -170,9 +182,8 @@ class MNISTDataModule(pl.LightningDataModule):
 
         try:
             Path(self.data_dir).mkdir(parents=True, exist_ok=True)
-            # Several jobs of a sweep may share the folder: one downloads, the others wait for it.
-            with FileLock(str(Path(self.data_dir) / "MNIST.lock")), contextlib.redirect_stdout(io.StringIO()):
-                # torchvision prints each failed mirror; the one line that matters is ours below.
+            # torchvision prints each failed mirror; the one line that matters is ours below.
+            with self._lock(), contextlib.redirect_stdout(io.StringIO()):
                 if not self.files_present():
                     MNIST(self.data_dir, train=True, download=True)
                     MNIST(self.data_dir, train=False, download=True)
@@ -186,8 +197,7 @@ class MNISTDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        if not self.files_present():
-            self.prepare_data()
+        self.prepare_data()  # a no-op when the files are there; waits for a download in progress
         images, labels = load_split(self.data_dir, train=True)
         if not 0 < self.val_size < len(labels):
             raise UserError(f"data.val_size={self.val_size} must be between 1 and {len(labels) - 1}")

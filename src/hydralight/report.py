@@ -122,7 +122,12 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Any]
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
         writer.writerows(rows)
-    lines = [f"# Sweep report: {sweep_dir}", "", f"{len(done)} of {len(jobs)} jobs finished, sorted by test/acc.", ""]
+    lines = [
+        f"# Sweep report: {sweep_dir.name}",
+        "",
+        f"{len(done)} of {len(jobs)} jobs finished, sorted by test/acc.",
+        "",
+    ]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     if pending:
