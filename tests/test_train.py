@@ -66,6 +66,7 @@ def test_missing_data_offline_is_one_clear_line(tmp_path):
     line = one_error_line(run_cli(TINY, tmp_path / "run", empty, **offline))
     assert str(empty / "MNIST" / "raw") in line
     assert "DATA_DIR" in line and "internet" in line
+    assert not (tmp_path / "run").exists()  # a refused run leaves no run dir behind
 
 
 def test_corrupt_file_is_one_clear_line(fresh_data, tmp_path):

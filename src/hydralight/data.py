@@ -173,6 +173,8 @@ class MNISTDataModule(pl.LightningDataModule):
         """
         with self._lock():
             if self.files_present():
+                for name in IDX_FILES:  # headers and lengths: cheap, and a bad file is named now
+                    check_idx_file(raw_dir(self.data_dir) / name)
                 return
         where = raw_dir(self.data_dir)
         fix = f"set DATA_DIR (or data.data_dir) to a folder holding MNIST/raw/, or connect to the internet to download into {self.data_dir}"

@@ -33,8 +33,8 @@ SECRET_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
 REDACTED = "<redacted>"
 PACKAGES = ("torch", "torchvision", "pytorch-lightning", "torchmetrics", "hydra-core", "omegaconf", "wandb", "submitit")
 
-# What a run writes before it has done anything: Hydra's record and log, our config and plan.
-RECORD_ONLY = {".hydra", "config.yaml", "plan.yaml"}
+# What a run writes before it has done anything: Hydra's record and log, our config, plan and manifest.
+RECORD_ONLY = {".hydra", "config.yaml", "plan.yaml", "manifest.json"}
 
 
 class _AppendingWriter(ExperimentWriter):

@@ -41,13 +41,15 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
         return None
     check_plan(plan, machine)
     check_mode(cfg.mode, cfg.ckpt_path)
+    datamodule = instantiate(cfg.data, **plan.data_kwargs(), drop_last=cfg.batch.drop_last, seed=cfg.seed)
+    if is_rank_zero():
+        datamodule.prepare_data()  # missing or corrupt files are refused before any run file is written
     output_dir = Path(cfg.paths.output_dir)
     record = RunRecord(output_dir, cfg, plan, machine, writer=is_rank_zero())
 
     with job_scope(), wandb_scope(), record:  # the next job of a sweep starts clean
         apply_plan(plan, cfg.seed)
-        # 2. Build: data, model, callbacks, loggers, trainer.
-        datamodule = instantiate(cfg.data, **plan.data_kwargs(), drop_last=cfg.batch.drop_last, seed=cfg.seed)
+        # 2. Build: model, callbacks, loggers, trainer.
         model = build_model(cfg, plan.task.lr)
         loggers = build_loggers(cfg, plan, record.manifest)
         strategy = build_strategy(cfg, plan, record.config_file)
@@ -57,7 +59,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
         if cfg.mode == "train":
             with record.timed("fit_seconds"):
                 trainer.fit(model, datamodule=datamodule, ckpt_path=resume_path(cfg, output_dir), weights_only=True)
-        best = trainer.checkpoint_callback.best_model_path if cfg.mode == "train" else cfg.ckpt_path
+        best = getattr(trainer.checkpoint_callback, "best_model_path", None) if cfg.mode == "train" else cfg.ckpt_path
         fit_metrics = dict(trainer.callback_metrics)
         trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
 
