@@ -80,6 +80,8 @@ def check_run_dir_writable(argv: list[str]) -> None:
     """Refuse, before Hydra starts, a run dir that cannot be created or written."""
     from hydralight.errors import UserError
 
+    if any(flag in argv for flag in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "--shell-completion")):
+        return  # Hydra only prints: no run dir is made
     multirun = "-m" in argv or "--multirun" in argv
     target = _value(argv, "hydra.sweep.dir" if multirun else "hydra.run.dir") or ("multirun" if multirun else "outputs")
     try:
