@@ -221,3 +221,19 @@ def test_checkpoint_from_two_processes_resumes_with_one(tiny_data, tmp_path):
     worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)).item() for k in a)
     assert worst < 1e-4, worst
     assert json.loads((moved / "results.json").read_text())["global_step"] == 30
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", [7, 15])  # mid-epoch, and the last batch of the first epoch
+def test_interrupt_at_any_step_then_resume_takes_every_step_once(tiny_data, tmp_path, step):
+    plain, cut = tmp_path / "plain", tmp_path / "cut"
+    base = [*TINY, "trainer.limit_train_batches=null", "trainer.max_epochs=3", "seed=2"]
+    assert run_cli(base, plain, tiny_data).returncode == 0
+    signal_at = ["+callbacks.zz_signal._target_=signal_at.SignalAt", f"+callbacks.zz_signal.step={step}"]
+    first = run_cli([*base, *signal_at], cut, tiny_data, PYTHONPATH=str(HELPERS))
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr[-2000:]
+    second = run_cli(base, cut, tiny_data)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert json.loads((cut / "results.json").read_text())["global_step"] == 45
+    a, b = weights(plain), weights(cut)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -29,8 +29,12 @@ NONE, STOP, REQUEUE = 0, 1, 2
 
 
 def at_step_boundary(trainer: pl.Trainer, batch_idx: int) -> bool:
-    """True after the micro-batch that completes an optimizer step: the only safe place to save."""
-    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or bool(trainer.is_last_batch)
+    """True after a micro-batch that completes an optimizer step inside the epoch: the safe places to save.
+
+    The epoch's last batch is left to the epoch-end checkpoint: Lightning resumes a checkpoint taken
+    in that batch's hook as if the epoch had ended twice, and a whole epoch would be skipped.
+    """
+    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0 and not trainer.is_last_batch
 
 
 class PeriodicCheckpoint(Callback):
