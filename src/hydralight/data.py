@@ -159,11 +159,17 @@ class MNISTDataModule(pl.LightningDataModule):
         return all((raw_dir(self.data_dir) / name).is_file() for name in IDX_FILES)
 
     def _lock(self) -> Any:
-        """The data folder's lock: taken by whoever checks or fetches the files. A folder nobody can
-        write to (a read-only shared copy) cannot be half-written, and needs none."""
+        """The data folder's lock, taken by whoever checks or fetches the files.
+
+        A folder whose files are complete and where no lock was ever taken is a provisioned copy
+        (possibly read-only): nothing can be half-written there, and nothing is written into it.
+        """
         folder = Path(self.data_dir)
-        writable = os.access(folder if folder.exists() else folder.parent, os.W_OK)
-        return FileLock(str(folder / "MNIST.lock")) if writable and folder.exists() else contextlib.nullcontext()
+        lock = folder / "MNIST.lock"
+        if not lock.exists() and self.files_present():
+            return contextlib.nullcontext()
+        folder.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(lock))
 
     def prepare_data(self) -> None:
         """Download through torchvision when files are missing (Lightning calls this on one rank per node).
