@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +13,24 @@ from hydralight.errors import UserError
 from hydralight.model import Classifier
 
 
+@contextlib.contextmanager
+def _readable(path: Path, label: str) -> Iterator[None]:
+    """Turn a missing file, or any failure to load it, into one clear line naming `label`."""
+    if not path.is_file():
+        raise UserError(f"{label} does not exist; pass the .ckpt file of a run (its checkpoints/ folder)")
+    try:
+        yield
+    except Exception as err:  # arbitrary bytes make torch.load fail in arbitrary ways
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{label} is not a checkpoint of this project ({reason[:200]})") from None
+
+
 def load_classifier(path: str | Path) -> Classifier:
     """The model saved in a Lightning checkpoint, rebuilt from its own saved architecture."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"ckpt_path={path} does not exist; pass the .ckpt file of a run (its checkpoints/ folder)")
-    try:
+    with _readable(path, f"ckpt_path={path}"):
         # weights_only: tensors and plain containers only, so a planted pickle cannot run code.
         return Classifier.load_from_checkpoint(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # arbitrary bytes make torch.load fail in arbitrary ways
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"ckpt_path={path} is not a checkpoint of this project ({reason[:200]})") from None
 
 
 def check_mode(mode: str, ckpt_path: str | None) -> None:
@@ -36,13 +45,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     import torch
 
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"ckpt_path={path} does not exist; pass the .ckpt file of a run (its checkpoints/ folder)")
-    try:
+    with _readable(path, str(path)):
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # arbitrary bytes make torch.load fail in arbitrary ways
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"{path} is not a checkpoint of this project ({reason[:200]})") from None
 
 
 def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
