@@ -53,6 +53,12 @@ class GlobalBatchSampler(Sampler[torch.Tensor]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    @property
+    def sampler(self) -> GlobalBatchSampler:
+        # Lightning calls `set_epoch` on `dataloader.sampler` and `dataloader.batch_sampler.sampler` only:
+        # without this, every epoch would replay epoch 0's order.
+        return self
+
     def steps_per_epoch(self) -> int:
         full, rest = divmod(self.num_samples, self.global_size)
         # A partial last batch is kept only if every micro-batch of every rank gets a sample.
