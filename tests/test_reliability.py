@@ -16,7 +16,7 @@ from conftest import ROOT, TINY, run_cli, write_idx
 
 HELPERS = Path(__file__).parent / "helpers"
 LONG = [*TINY, "model=cnn", "trainer.limit_train_batches=null", "trainer.max_epochs=3", "seed=9",
-        "callbacks.periodic_checkpoint.every_n_steps=4"]  # fmt: skip
+        "callbacks.last_checkpoint.every_n_steps=4"]  # fmt: skip
 
 
 def start(args: list[str], run: Path, data: Path) -> subprocess.Popen:
@@ -64,7 +64,7 @@ def test_sigterm_saves_and_exits_promptly(tiny_data, tmp_path):
     slow = [
         "+callbacks.slow._target_=slow.SlowSteps",
         "+callbacks.slow.seconds=0.1",
-        "callbacks.periodic_checkpoint.every_n_steps=null",
+        "callbacks.last_checkpoint.every_n_steps=null",
     ]
     proc = start([*LONG, *slow], run, tiny_data)
     wait_for(run / "ranks" / "rank0.json", proc)
@@ -209,7 +209,7 @@ def test_four_jobs_preparing_one_data_dir_at_once(tiny_data, tmp_path):
 @pytest.mark.slow
 def test_checkpoint_from_two_processes_resumes_with_one(tiny_data, tmp_path):
     """A 2-process run cut short continues on 1 process along the same global sample order."""
-    base = [*TINY, "trainer.limit_train_batches=null", "seed=4", "callbacks.periodic_checkpoint.every_n_steps=5"]
+    base = [*TINY, "trainer.limit_train_batches=null", "seed=4", "callbacks.last_checkpoint.every_n_steps=5"]
     plain, moved = tmp_path / "plain", tmp_path / "moved"
     assert run_cli([*base, "trainer.max_epochs=2"], plain, tiny_data).returncode == 0
     # 2 processes stop after 20 of 30 steps, mid-epoch; then 1 process finishes the same run.

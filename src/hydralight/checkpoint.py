@@ -55,20 +55,55 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     hold this run's model."""
     if cfg.ckpt_path:
         path = Path(cfg.ckpt_path)
+        contents = read_checkpoint(path)
     elif cfg.resume == "never":
         return None
     else:
         path = output_dir / "checkpoints" / "last.ckpt"
         if not path.is_file():
             return None
-    saved = read_checkpoint(path).get("hyper_parameters", {}).get("net")
+        contents = _own_checkpoint(path)
+    _check_same_model(cfg, path, contents)
+    return str(path)
+
+
+def _own_checkpoint(path: Path) -> dict[str, Any]:
+    """The run dir's last.ckpt; unreadable, it is left as it is and the ways out are named."""
+    try:
+        contents = read_checkpoint(path)
+        if not isinstance(contents, dict) or not {"state_dict", "hyper_parameters", "loops"} <= contents.keys():
+            raise UserError(f"{path} is not a checkpoint of this project (no training state in it)")
+        return contents
+    except UserError as err:
+        older = sorted((p for p in path.parent.glob("*.ckpt") if p != path), key=lambda p: p.stat().st_mtime)
+        fallback = f", or continue from an older checkpoint of this run: ckpt_path={older[-1]}" if older else ""
+        raise UserError(
+            f"{err} (this run's own checkpoint, left untouched); to start the run over add resume=never "
+            f"(last.ckpt will then be replaced), or move the file away{fallback}"
+        ) from None
+
+
+def load_weights(model: Classifier, path: str | Path) -> None:
+    """Start from the weights of a checkpoint (`init_from=`): optimizer, schedule and step count start fresh."""
+    path = Path(path)
+    contents = read_checkpoint(path)
+    saved = contents.get("hyper_parameters", {}).get("net")
+    if saved != model.hparams.net:
+        raise UserError(
+            f"init_from={path} holds another model ({_describe(saved)}) than this run ({_describe(model.hparams.net)}); "
+            "pick the matching model=..."
+        )
+    model.load_state_dict(contents["state_dict"])
+
+
+def _check_same_model(cfg: DictConfig, path: Path, contents: dict[str, Any]) -> None:
+    saved = contents.get("hyper_parameters", {}).get("net")
     wanted = OmegaConf.to_container(cfg.model.net, resolve=True)
     if saved != wanted:
         raise UserError(
             f"{path} holds another model ({_describe(saved)}) than this run ({_describe(wanted)}); "
             "pick the matching model=..., or start fresh with resume=never / another run dir"
         )
-    return str(path)
 
 
 def _describe(net: Any) -> str:

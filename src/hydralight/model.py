@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -99,8 +100,7 @@ class Classifier(pl.LightningModule):
             # Stop before this step's update reaches the weights or a checkpoint: the last one stays good.
             raise UserError(
                 f"the loss is {loss.item()} at step {self.global_step} (epoch {self.current_epoch}); "
-                f"lower optim.lr (now {self.hparams.lr:g}) or set trainer.gradient_clip_val; "
-                "the last good checkpoint is kept in checkpoints/"
+                f"lower optim.lr (now {self.hparams.lr:g}) or set trainer.gradient_clip_val; {self._kept_state()}"
             )
         # The step value is this rank's, logged as it is; the epoch value is reduced over all ranks and
         # samples once per epoch (a Metric's forward on every step would cost more than the step itself).
@@ -108,6 +108,13 @@ class Classifier(pl.LightningModule):
         self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=len(y))
         self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True, batch_size=len(y))
         return loss
+
+    def _kept_state(self) -> str:
+        last = Path(self.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+        if not last.is_file():
+            return "no checkpoint was saved before it"
+        step = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("global_step")
+        return f"{last} (step {step}) holds the last state saved before it"
 
     def _evaluate(self, stage: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         x, y = batch
@@ -128,12 +135,27 @@ class Classifier(pl.LightningModule):
         self._evaluate("test", batch)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The epoch's running training loss, summed over ranks: a run resumed inside the epoch reports
+        # the same epoch mean as an uninterrupted one. Zero at an epoch boundary (the next epoch starts anew).
+        inside_epoch = (
+            not self.trainer.is_last_batch and self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        )
+        running = torch.stack([self.train_loss.mean_value, self.train_loss.weight]).double()
+        if self.trainer.world_size > 1:
+            running = self.trainer.strategy.reduce(running, reduce_op="sum")
+        checkpoint["train_loss_running"] = (running if inside_epoch else torch.zeros(2)).tolist()
         # Random state too, so that a resumed run draws the same dropout masks as an uninterrupted one.
         checkpoint["rng"] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             checkpoint["rng"]["cuda"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._restored_schedulers = checkpoint.get("lr_schedulers", [])
+        total, weight = checkpoint.get("train_loss_running", (0.0, 0.0))
+        trainer = self._trainer
+        if trainer is not None and trainer.global_rank == 0:  # rank 0 carries it; the others start at zero
+            self.train_loss.mean_value = torch.tensor(total, dtype=self.train_loss.mean_value.dtype)
+            self.train_loss.weight = torch.tensor(weight, dtype=self.train_loss.weight.dtype)
         rng = checkpoint.get("rng", {})
         if "torch" in rng:
             torch.set_rng_state(rng["torch"])
@@ -147,8 +169,30 @@ class Classifier(pl.LightningModule):
             return optimizer
         factory = instantiate(self.hparams.scheduler)
         total = int(self.trainer.estimated_stepping_batches)
+        # Estimating builds the training loader before a checkpoint is restored, and Lightning then never
+        # gives it the saved position in the epoch: let it be built again after the restore.
+        self.trainer.fit_loop._combined_loader = None
         scheduler = factory(optimizer, **run_length_kwargs(factory, lr, total))
+        self._check_schedule_length(scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _check_schedule_length(self, scheduler: Any) -> None:
+        """Refuse to continue a schedule whose length was fixed at its start with another length."""
+        for saved in getattr(self, "_restored_schedulers", []):
+            for key in LENGTH_KEYS:
+                now, then = scheduler.state_dict().get(key), saved.get(key)
+                if now is None or then is None or now == then:
+                    continue
+                name, ckpt = type(scheduler).__name__, self.trainer.ckpt_path
+                raise UserError(
+                    f"{ckpt} follows a {name} schedule of {then} steps and this run would take {now}: its length "
+                    "is fixed when training starts; keep trainer.max_epochs/max_steps as they were to continue it, "
+                    f"or start a new run from its weights with a fresh schedule: init_from={ckpt} resume=never"
+                )
+
+
+# Scheduler state that fixes the schedule's length (OneCycleLR, CosineAnnealingLR).
+LENGTH_KEYS = ("total_steps", "T_max")
 
 
 def build_model(cfg: DictConfig, lr: float) -> Classifier:
@@ -158,9 +202,14 @@ def build_model(cfg: DictConfig, lr: float) -> Classifier:
 
         return load_classifier(cfg.ckpt_path)
     scheduler = cfg.optim.get("scheduler")
-    return Classifier(
+    model = Classifier(
         net=OmegaConf.to_container(cfg.model.net),
         optimizer=OmegaConf.to_container(cfg.optim.optimizer),
         scheduler=OmegaConf.to_container(scheduler) if scheduler else None,
         lr=lr,
     )
+    if cfg.get("init_from"):
+        from hydralight.checkpoint import load_weights
+
+        load_weights(model, cfg.init_from)
+    return model

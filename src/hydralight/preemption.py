@@ -1,5 +1,4 @@
-"""Losing no work: periodic `last.ckpt` inside epochs, and ending a run on request (the cluster's
-warning signal, SIGTERM, Ctrl-C) with a checkpoint.
+"""Ending a run on request (the cluster's warning signal, SIGTERM, Ctrl-C) with a checkpoint.
 
 One owner for these signals: this callback. A handler only records the signal; at the next optimizer
 step boundary the ranks agree (an all-reduce), save `last.ckpt` together, rank 0 asks SLURM to requeue
@@ -14,7 +13,6 @@ import logging
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -23,46 +21,11 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 
+from hydralight.last_checkpoint import at_step_boundary, write_checkpoint
+
 log = logging.getLogger(__name__)
 
 NONE, STOP, REQUEUE = 0, 1, 2
-
-
-def at_step_boundary(trainer: pl.Trainer, batch_idx: int) -> bool:
-    """True after a micro-batch that completes an optimizer step inside the epoch: the safe places to save.
-
-    The epoch's last batch is left to the epoch-end checkpoint: Lightning resumes a checkpoint taken
-    in that batch's hook as if the epoch had ended twice, and a whole epoch would be skipped.
-    """
-    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0 and not trainer.is_last_batch
-
-
-class PeriodicCheckpoint(Callback):
-    """`last.ckpt` every `every_n_steps` optimizer steps and/or `every_minutes`, inside epochs too, so a
-    kill that gives no warning (SIGKILL, OOM killer, node failure) loses at most that much.
-
-    Lightning writes checkpoints to a temporary file and renames it, so a kill during the write leaves
-    the previous last.ckpt intact.
-    """
-
-    def __init__(
-        self, checkpoint_dir: str, every_n_steps: int | None = None, every_minutes: float | None = None
-    ) -> None:
-        self.checkpoint_path = Path(checkpoint_dir) / "last.ckpt"
-        self.every_n_steps = every_n_steps
-        self.every_minutes = every_minutes
-        self._last_save = time.monotonic()
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if not at_step_boundary(trainer, args[-1]):
-            return
-        due = bool(self.every_n_steps) and trainer.global_step % self.every_n_steps == 0
-        if self.every_minutes and not due:
-            # Clocks differ between ranks: rank 0 decides for all.
-            due = trainer.strategy.broadcast(time.monotonic() - self._last_save >= 60 * self.every_minutes)
-        if due:
-            trainer.save_checkpoint(self.checkpoint_path)
-            self._last_save = time.monotonic()
 
 
 class Interrupted(SystemExit):
@@ -115,7 +78,7 @@ class Preemption(Callback):
             requested = int(trainer.strategy.reduce(flag, reduce_op="max"))
         if requested == NONE:
             return
-        trainer.save_checkpoint(self.checkpoint_path)
+        write_checkpoint(trainer, self.checkpoint_path)
         requeued = requested == REQUEUE and trainer.is_global_zero and self._requeue()
         what = "requeued" if requeued else "stopped"
         log.warning(f"checkpoint saved at step {trainer.global_step} to {self.checkpoint_path}; run {what}")

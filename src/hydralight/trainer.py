@@ -13,6 +13,7 @@ from pytorch_lightning.loggers import Logger
 from pytorch_lightning.strategies import Strategy
 
 from hydralight.errors import UserError
+from hydralight.last_checkpoint import AtomicCheckpointIO
 from hydralight.plan import Plan
 
 # Trainer arguments that the hardware/strategy/batch groups own: one place to set each.
@@ -24,6 +25,7 @@ PLANNED = {
     "accumulate_grad_batches": "batch.max_per_device or batch.accumulation",
     "sync_batchnorm": "model.sync_batchnorm",
     "use_distributed_sampler": "nothing (the data module shards by rank itself)",
+    "default_root_dir": "hydra.run.dir (the run dir holds everything a run writes)",
 }
 
 
@@ -44,9 +46,13 @@ def build_trainer(
     options = instantiate(options, _convert_="all")  # e.g. trainer.profiler={_target_: ...}
     options.update(plan.trainer_kwargs())
     # Under srun the Preemption callback owns the signals; Lightning's own SLURM requeue stays off.
-    plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+    plugins: list[Any] = [AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=False))
     return pl.Trainer(
         **options,
+        # Lightning looks for its own `hpc_ckpt_*` files there: never in the working directory.
+        default_root_dir=cfg.paths.output_dir,
         plugins=plugins,
         strategy=strategy,
         callbacks=callbacks,
