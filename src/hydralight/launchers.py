@@ -23,8 +23,9 @@ def external_launcher() -> str | None:
 
 
 def global_rank() -> int:
-    """This process's rank as its launcher announced it (our own DDP ranks are single-node: LOCAL_RANK)."""
-    for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+    """This process's rank as its launcher announced it, read in Lightning's order (a DDP child inside a
+    one-task SLURM allocation has LOCAL_RANK set but inherits SLURM_PROCID=0)."""
+    for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
         if var in os.environ:
             return int(os.environ[var])
     return 0
@@ -76,11 +77,23 @@ def resume_overrides(argv: list[str]) -> list[str]:
     return [f"hydra.run.dir={target}", "hydra.output_subdir=null"]
 
 
+PRINT_ONLY = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "--shell-completion")
+
+
+def fixed_run_dir(argv: list[str]) -> str | None:
+    """The run dir a single run was told to use (`hydra.run.dir=...`), when this process will write there."""
+    if "-m" in argv or "--multirun" in argv or any(flag in argv for flag in PRINT_ONLY):
+        return None
+    if _value(argv, "plan") in ("true", "True"):
+        return None
+    return _value(argv, "hydra.run.dir")
+
+
 def check_run_dir_writable(argv: list[str]) -> None:
     """Refuse, before Hydra starts, a run dir that cannot be created or written."""
     from hydralight.errors import UserError
 
-    if any(flag in argv for flag in ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "--shell-completion")):
+    if any(flag in argv for flag in PRINT_ONLY):
         return  # Hydra only prints: no run dir is made
     multirun = "-m" in argv or "--multirun" in argv
     target = _value(argv, "hydra.sweep.dir" if multirun else "hydra.run.dir") or ("multirun" if multirun else "outputs")

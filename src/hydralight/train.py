@@ -5,6 +5,7 @@ Heavy imports (torch, Lightning) happen inside `run`, so `python train.py --cfg 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from pathlib import Path
@@ -13,7 +14,14 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from hydralight.errors import UserError, exit_on_user_error
-from hydralight.launchers import check_run_dir_writable, is_rank_zero, resume_overrides, with_shared_run_dir
+from hydralight.launchers import (
+    check_run_dir_writable,
+    fixed_run_dir,
+    is_rank_zero,
+    resume_overrides,
+    with_shared_run_dir,
+)
+from hydralight.run_lock import RunDirLock
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
@@ -75,16 +83,18 @@ def main(cfg: DictConfig) -> float | None:
     from hydralight.tracking import discard_unused_run_dir
 
     output_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        result = run(cfg, list(HydraConfig.get().overrides.task))
-    except UserError:
-        # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it).
-        if is_rank_zero():
+    # One live run per dir (a sweep job resubmitted while its first attempt runs is refused).
+    with RunDirLock(output_dir) if is_rank_zero() and not cfg.plan else contextlib.nullcontext():
+        try:
+            result = run(cfg, list(HydraConfig.get().overrides.task))
+        except UserError:
+            # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it).
+            if is_rank_zero():
+                discard_unused_run_dir(output_dir)
+            raise
+        if cfg.plan:
             discard_unused_run_dir(output_dir)
-        raise
-    if cfg.plan:
-        discard_unused_run_dir(output_dir)
-    return result
+        return result
 
 
 def cli() -> None:
@@ -92,5 +102,12 @@ def cli() -> None:
     run's with resume=RUN_DIR, writable in any case), then let Hydra run."""
     with_shared_run_dir()
     sys.argv += resume_overrides(sys.argv[1:])
-    exit_on_user_error(check_run_dir_writable)(sys.argv[1:])
-    main()
+    exit_on_user_error(_start)(sys.argv[1:])
+
+
+def _start(argv: list[str]) -> None:
+    check_run_dir_writable(argv)
+    # A named run dir is locked before Hydra writes its record there, so a live run is left untouched.
+    run_dir = fixed_run_dir(argv)
+    with RunDirLock(run_dir) if run_dir and is_rank_zero() else contextlib.nullcontext():
+        main()
