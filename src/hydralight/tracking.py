@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from hydra.utils import instantiate
 from lightning_fabric.loggers.logger import rank_zero_experiment
+from lightning_fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
@@ -34,10 +36,31 @@ REDACTED = "<redacted>"
 PACKAGES = ("torch", "torchvision", "pytorch-lightning", "torchmetrics", "hydra-core", "omegaconf", "wandb", "submitit")
 
 # What a run writes before it has done anything: Hydra's record and log, our config, plan and manifest.
-RECORD_ONLY = {".hydra", "config.yaml", "plan.yaml", "manifest.json"}
+RECORD_ONLY = {".hydra", "config.yaml", "plan.yaml", "manifest.json", ".lock"}
 
 
 class _AppendingWriter(ExperimentWriter):
+    def _check_log_dir_exists(self) -> None:
+        """Keep an existing metrics.csv: it is the history of this run's earlier attempts."""
+
+    def forget_from_step(self, step: int) -> None:
+        """Drop the rows logged at `step` or later (by an attempt that did not reach its next checkpoint)."""
+        self.metrics = [row for row in self.metrics if row.get("step", 0) < step]
+        if not os.path.isfile(self.metrics_file_path):
+            return
+        with open(self.metrics_file_path, newline="") as f:
+            reader = csv.DictReader(f)
+            header, rows = reader.fieldnames or [], list(reader)
+        kept = [row for row in rows if row.get("step") in (None, "") or int(float(row["step"])) < step]
+        if len(kept) == len(rows):
+            return
+        temporary = f"{self.metrics_file_path}.tmp"
+        with open(temporary, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(kept)
+        os.replace(temporary, self.metrics_file_path)
+
     def _record_new_keys(self) -> set[str]:
         # The file may have been started by another process (or another copy of this writer).
         if os.path.isfile(self.metrics_file_path):
@@ -48,11 +71,21 @@ class _AppendingWriter(ExperimentWriter):
 
 
 class AppendingCSVLogger(CSVLogger):
-    """Lightning's CSVLogger, able to append to a metrics.csv that another process started.
+    """Lightning's CSVLogger, keeping one metrics.csv across the attempts of a run.
 
-    Lightning's writer forgets the file's columns when a new process opens it (a resumed run, or the
-    test stage of `ddp_spawn`) and then fails to rewrite the header. This one reads them back first.
+    Lightning's writer deletes an existing metrics.csv when it starts, and forgets the file's columns
+    when a new process opens it (a resumed run, or the test stage of `ddp_spawn`). This one keeps the
+    file, reads its columns back, and on resuming from step S replaces the rows logged at S or later
+    with the resumed attempt's, so every step is in the file exactly once. Rows are flushed at every
+    step by default (`flush_logs_every_n_steps=1`), so a kill loses none before the last checkpoint.
     """
+
+    def __init__(self, *args: Any, flush_logs_every_n_steps: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, flush_logs_every_n_steps=flush_logs_every_n_steps, **kwargs)
+
+    @rank_zero_only
+    def forget_from_step(self, step: int) -> None:
+        self.experiment.forget_from_step(step)
 
     @property
     @rank_zero_experiment
@@ -63,9 +96,31 @@ class AppendingCSVLogger(CSVLogger):
         return self._experiment
 
 
+def _is_secret_name(name: str) -> bool:
+    name = name.upper()
+    return name.endswith(SECRET_SUFFIXES) or name in {s.lstrip("_") for s in SECRET_SUFFIXES}
+
+
 def secret_values() -> list[str]:
-    """Values of the environment's secrets (names ending in _KEY, _TOKEN, _SECRET, _PASSWORD)."""
-    return [v for k, v in os.environ.items() if k.upper().endswith(SECRET_SUFFIXES) and len(v) >= 4]
+    """Values of the secrets this process knows: environment variables and command-line overrides whose
+    names end in _KEY, _TOKEN, _SECRET or _PASSWORD (or are KEY, TOKEN, SECRET, PASSWORD)."""
+    values = [v for k, v in os.environ.items() if _is_secret_name(k)]
+    for arg in sys.argv[1:]:
+        key, sep, value = arg.partition("=")
+        if sep and _is_secret_name(key.rsplit(".", 1)[-1].lstrip("+~")):
+            values.append(value.strip("'\""))
+    return [v for v in values if len(v) >= 4]
+
+
+@contextlib.contextmanager
+def redacted_argv() -> Iterator[None]:
+    """`sys.argv` with secrets replaced, for libraries that record the command line (wandb's metadata)."""
+    saved = list(sys.argv)
+    sys.argv[:] = redact(saved)
+    try:
+        yield
+    finally:
+        sys.argv[:] = saved
 
 
 def redact(value: Any, secrets: list[str] | None = None) -> Any:
@@ -91,15 +146,55 @@ def redact_files(folder: Path) -> None:
             path.write_text(redact(text, secrets))
 
 
+# How long `auto` waits for the wandb server before logging offline instead.
+WANDB_PROBE_S = 5.0
+
+
 def wandb_mode(requested: str) -> str:
-    """`auto` is online only when an API key is configured, so a run never prompts or waits for a login."""
+    """The mode of the run's wandb logger: the config's when set, else the user's `WANDB_MODE`, else
+    (`auto`) online only when an API key is configured and the server answers within
+    `WANDB_PROBE_S` seconds, so a run never prompts for a login or hangs on a compute node
+    without internet."""
     if requested != "auto":
         return requested
-    if os.environ.get("WANDB_API_KEY"):
-        return "online"
+    if os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes"):
+        return "disabled"
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
     has_login = netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
-    return "online" if has_login else "offline"
+    if not (os.environ.get("WANDB_API_KEY") or has_login):
+        return "offline"
+    unreachable = wandb_server_unreachable()
+    if unreachable:
+        print(
+            f"wandb: {unreachable}; logging offline instead (upload later with `wandb sync <run dir>/wandb/offline-run-*`)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return "offline"
+    return "online"
+
+
+def wandb_server_unreachable(timeout: float = WANDB_PROBE_S) -> str | None:
+    """Why the wandb server (WANDB_BASE_URL) cannot be reached within `timeout` seconds; None if it can."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
+    host, port = url.hostname or "api.wandb.ai", url.port or (443 if url.scheme == "https" else 80)
+    outcome: list[str | None] = []
+
+    def probe() -> None:  # in a thread: name resolution has no timeout of its own
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as err:
+            outcome.append(f"{host}:{port} cannot be reached ({err.strerror or err})")
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else f"{host}:{port} did not answer within {timeout:.0f}s"
 
 
 def _hydra_job() -> tuple[str | None, str | None]:
@@ -145,10 +240,27 @@ def build_loggers(cfg: DictConfig, plan: Plan, manifest: dict[str, Any] | None =
         loggers.append(instantiate(spec))
     hparams = redact({"config": OmegaConf.to_container(cfg, resolve=True), "plan": plan.to_dict()})
     for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            start_wandb_run(logger)
         logger.log_hyperparams(hparams)
         if manifest and isinstance(logger, WandbLogger):
             logger.experiment.config.update({"manifest": redact(manifest)}, allow_val_change=True)
     return loggers
+
+
+def start_wandb_run(logger: WandbLogger) -> None:
+    """Start the logger's wandb run, with the command line's secrets out of what wandb records."""
+    from hydralight.errors import UserError
+
+    try:
+        with redacted_argv():
+            logger.experiment  # noqa: B018 (starts the run)
+    except Exception as err:  # wandb raises its own error types, and they move between releases
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(
+            f"wandb could not start a run ({reason[:200]}); log offline with WANDB_MODE=offline (upload later with "
+            "`wandb sync`), or check WANDB_BASE_URL and your login"
+        ) from None
 
 
 @contextlib.contextmanager
