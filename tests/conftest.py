@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
@@ -85,3 +86,18 @@ def run_cli(
     if not has_dir and "-m" not in args and "--multirun" not in args:
         command.append(f"hydra.run.dir={run_dir}")
     return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=timeout)
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+    """The single `error:` line of a refused run (exit 2, no traceback)."""
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
+    assert "Traceback" not in result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    return errors[0]
+
+
+def csv_rows(run: Path) -> list[dict[str, str]]:
+    """The rows of a run's csv/metrics.csv, empty cells dropped."""
+    with (run / "csv" / "metrics.csv").open(newline="") as f:
+        return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]

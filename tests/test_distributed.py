@@ -13,6 +13,8 @@ import pytest
 import torch
 from conftest import ROOT, TINY, run_cli
 
+from hydralight.launchers import global_rank
+
 pytestmark = pytest.mark.slow
 DDP2 = [*TINY, "hardware.devices=2"]
 
@@ -219,3 +221,21 @@ def test_sync_batchnorm_converts_batchnorm_layers(tiny_data, tmp_path):
     # torch has no CPU SyncBatchNorm: a CPU run says so instead of crashing inside DDP.
     result = run_cli([*DDP2, "model=fastcnn", "model.sync_batchnorm=true"], tmp_path / "run", tiny_data)
     assert result.returncode == 2 and "model.sync_batchnorm=true needs CUDA GPUs" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "rank"),
+    [
+        ({"RANK": "3", "LOCAL_RANK": "1", "SLURM_PROCID": "0"}, 3),
+        # A DDP child started inside a one-task SLURM allocation: SLURM_PROCID=0 is inherited.
+        ({"LOCAL_RANK": "1", "SLURM_PROCID": "0"}, 1),
+        ({"SLURM_PROCID": "2"}, 2),
+        ({}, 0),
+    ],
+)
+def test_rank_is_read_in_lightning_s_order(monkeypatch, env, rank):
+    for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert global_rank() == rank

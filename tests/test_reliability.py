@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TINY, run_cli, write_idx
+from conftest import ROOT, TINY, one_line, run_cli, write_idx
 
 HELPERS = Path(__file__).parent / "helpers"
 LONG = [*TINY, "model=cnn", "trainer.limit_train_batches=null", "trainer.max_epochs=3", "seed=9",
@@ -84,14 +84,6 @@ def test_nan_loss_stops_with_the_step_named(tiny_data, tmp_path):
     line = one_line(result)
     assert "the loss is nan" in line or "the loss is inf" in line
     assert "at step" in line and "optim.lr" in line
-
-
-def one_line(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
-    assert "Traceback" not in result.stderr + result.stdout
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr[-2000:]
-    return errors[0]
 
 
 def test_labels_outside_0_to_9(fresh_data, tmp_path):

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI, ROOT, TINY
+from conftest import IN_CI, ROOT, TINY, csv_rows
 
 pytestmark = pytest.mark.slow
 HELPERS = Path(__file__).parent / "helpers"
@@ -179,3 +179,8 @@ def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
     again = json.loads((run / "results.json").read_text())["metrics"]
     assert again["test/acc"] == plain["test/acc"]
     assert again["val/loss"] == pytest.approx(plain["val/loss"], rel=1e-5)
+    # The metric history of both attempts: every step once, the values of the uninterrupted job.
+    rows = lambda job: [(r["step"], sorted(r)) for r in csv_rows(job)]  # noqa: E731
+    assert rows(run) == rows(tmp_path / "plain" / "0")
+    losses = lambda job: [float(r["train/loss_step"]) for r in csv_rows(job) if "train/loss_step" in r]  # noqa: E731
+    assert losses(run) == pytest.approx(losses(tmp_path / "plain" / "0"), rel=1e-5)

@@ -1,13 +1,17 @@
 """Run manifest, wandb offline runs read back from their files, and secrets kept out of every file."""
 
 import json
+import socket
 import sys
+import time
 from pathlib import Path
 
 from conftest import TINY, run_cli
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 from wandb_file import records  # noqa: E402
+
+from hydralight.tracking import wandb_server_unreachable  # noqa: E402
 
 SECRET = "planted-secret-4f9a2c"
 
@@ -78,3 +82,56 @@ def test_secrets_never_reach_a_written_file(tiny_data, tmp_path):
     leaked = [str(p) for p in run.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert leaked == []
     assert "<redacted>" in (run / "config.yaml").read_text()
+
+
+FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_wandb_mode_offline_from_the_environment_wins_over_a_key(tiny_data, tmp_path):
+    # The server address leads nowhere: a run that tried to go online would say so and wait.
+    began = time.monotonic()
+    run, recs = wandb_run(
+        tiny_data,
+        tmp_path,
+        WANDB_API_KEY=FAKE_KEY,
+        WANDB_MODE="offline",
+        WANDB_BASE_URL=f"http://127.0.0.1:{closed_port()}",
+    )
+    assert of_kind(recs, "run") and time.monotonic() - began < 120
+
+
+def test_unreachable_wandb_server_falls_back_to_offline_with_one_line(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    env = {"WANDB_API_KEY": FAKE_KEY, "WANDB_BASE_URL": f"http://127.0.0.1:{closed_port()}", "WANDB_SILENT": "true"}
+    result = run_cli([*TINY, "logger=wandb"], run, tiny_data, HOME=str(tmp_path), **env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    notes = [line for line in result.stderr.splitlines() if "cannot be reached" in line]
+    assert len(notes) == 1 and "logging offline" in notes[0] and "wandb sync" in notes[0]
+    assert list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_wandb_server_probe_is_bounded(monkeypatch):
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{closed_port()}")
+    assert "cannot be reached" in wandb_server_unreachable(timeout=2)
+    # A listening server that never answers still counts as reachable: the probe only opens the connection.
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert wandb_server_unreachable(timeout=2) is None
+
+
+def test_secrets_given_on_the_command_line_stay_out_of_every_file(tiny_data, tmp_path):
+    run, recs = wandb_run(tiny_data, tmp_path, f"+service.api_token={SECRET}", f"+db.password={SECRET}x")
+    assert recs
+    leaked = [str(p) for p in run.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert leaked == []
+    # wandb records the command line itself (its run metadata): it saw the redacted one.
+    (run_file,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
+    assert b"api_token=<redacted>" in run_file.read_bytes()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
@@ -27,11 +28,23 @@ def exit_on_user_error(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except UserError as err:
+        except (UserError, OSError) as err:
+            if isinstance(err, OSError) and err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise  # other OS errors are ours to explain
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            print(f"error: {err}", file=sys.stderr, flush=True)
+            print(f"error: {_message(err)}", file=sys.stderr, flush=True)
             # SystemExit passes through Hydra's own error reporting untouched.
             raise SystemExit(EXIT_USER_ERROR) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _message(err: Exception) -> str:
+    if isinstance(err, OSError):  # a full disk while writing anything else than a checkpoint
+        where = f" writing {err.filename}" if err.filename else ""
+        return (
+            f"no space left on the device{where}; free some space, then rerun the same command "
+            "to continue from the run's last checkpoint"
+        )
+    return str(err)
