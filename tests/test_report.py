@@ -57,14 +57,22 @@ def test_report_table_and_plots(sweep, tmp_path):
     assert "| job | overrides |" in (tmp_path / "report.md").read_text()
 
 
-def test_half_finished_sweep_lists_what_did_not_finish(sweep, tmp_path):
+def test_failed_running_and_never_started_jobs_are_told_apart(sweep, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(sweep, copy)
     (copy / "2" / "results.json").unlink()
+    manifest = json.loads((copy / "2" / "manifest.json").read_text())
+    (copy / "2" / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
+    (copy / "1" / "manifest.json").write_text(json.dumps({**manifest, "status": "failed", "error": "the loss is nan"}))
+    (copy / "1" / "results.json").unlink()
+    # A fifth job was submitted but never started: only the launcher's record knows of it.
+    (copy / "jobs.json").write_text(json.dumps({"4": {"overrides": ["optim.lr=0.1"], "job_id": "77"}}))
     result = report(copy)
     assert result.returncode == 0, result.stderr
-    assert "3 of 4 jobs finished" in result.stdout
-    assert "not finished: 2" in result.stderr
+    assert "2 of 5 jobs finished" in result.stdout
+    assert "Failed: 1 (failed: the loss is nan)" in result.stdout
+    assert "Running: 2 (" in result.stdout and "Never started: 4 (" in result.stdout
+    assert "not finished: 1, 2, 4" in result.stderr
 
 
 def test_empty_sweep_dir_is_one_clear_line(tmp_path):

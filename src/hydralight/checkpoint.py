@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydralight.errors import UserError
 from hydralight.model import Classifier
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -50,19 +53,25 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
-    """The checkpoint `trainer.fit` continues from: `ckpt_path` if given, else (resume=auto or
-    resume=RUN_DIR) the run dir's own last.ckpt, so a requeued or restarted job continues; checked to
-    hold this run's model."""
-    if cfg.ckpt_path:
+    """The checkpoint `trainer.fit` continues from, checked to hold this run's model.
+
+    The run dir's own last.ckpt wins once the run has saved one (resume=auto, resume=RUN_DIR), so reruns
+    and requeues continue and never restart; `ckpt_path=` starts a run from another run's state;
+    resume=never ignores the run's own checkpoint.
+    """
+    own = output_dir / "checkpoints" / "last.ckpt"
+    if cfg.resume != "never" and own.is_file():
+        path, contents = own, _own_checkpoint(own)
+        if cfg.ckpt_path and Path(cfg.ckpt_path).resolve() != own.resolve():
+            log.info(
+                f"continuing from this run's own {own} (step {contents.get('global_step')}), not from "
+                f"ckpt_path={cfg.ckpt_path}, which started it"
+            )
+    elif cfg.ckpt_path:
         path = Path(cfg.ckpt_path)
         contents = read_checkpoint(path)
-    elif cfg.resume == "never":
-        return None
     else:
-        path = output_dir / "checkpoints" / "last.ckpt"
-        if not path.is_file():
-            return None
-        contents = _own_checkpoint(path)
+        return None
     _check_same_model(cfg, path, contents)
     return str(path)
 
@@ -149,6 +158,18 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         )
     for key in EXTENDABLE:
         OmegaConf.update(saved, key, OmegaConf.select(cfg, key), force_add=True)
-    OmegaConf.update(saved, "paths.output_dir", str(run_dir.resolve()))
+    # A copied or moved run dir is a run of its own: nothing it writes may land in the original.
+    saved = OmegaConf.create(_moved(OmegaConf.to_container(saved), str(saved.paths.output_dir), str(run_dir.resolve())))
     OmegaConf.update(saved, "resume", "auto")
     return saved
+
+
+def _moved(value: Any, old: str, new: str) -> Any:
+    """`value` with every path inside the `old` run dir rewritten into `new`."""
+    if isinstance(value, str) and (value == old or value.startswith(old.rstrip("/") + "/")):
+        return new + value[len(old) :]
+    if isinstance(value, dict):
+        return {k: _moved(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_moved(v, old, new) for v in value]
+    return value

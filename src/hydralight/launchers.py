@@ -65,7 +65,11 @@ def with_shared_run_dir() -> None:
 def _value(argv: list[str], key: str) -> str | None:
     for arg in reversed(argv):
         if arg.lstrip("+").startswith(f"{key}="):
-            return arg.split("=", 1)[1]
+            value = arg.split("=", 1)[1]
+            # Hydra's quoting (`key="a b"`) is not part of the value.
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            return value
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from hydralight.errors import UserError
 
 NUM_CLASSES = 10
+log = logging.getLogger(__name__)
 
 
 class SeedCNN(nn.Sequential):
@@ -151,6 +153,9 @@ class Classifier(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._restored_schedulers = checkpoint.get("lr_schedulers", [])
+        trainer = self._trainer
+        if trainer is not None and trainer.state.fn == "fit":
+            self._changed_lr = self._check_continued_settings(checkpoint.get("hyper_parameters", {}))
         total, weight = checkpoint.get("train_loss_running", (0.0, 0.0))
         trainer = self._trainer
         if trainer is not None and trainer.global_rank == 0:  # rank 0 carries it; the others start at zero
@@ -176,6 +181,35 @@ class Classifier(pl.LightningModule):
         self._check_schedule_length(scheduler)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def _check_continued_settings(self, then: dict[str, Any]) -> tuple[float, float] | None:
+        """Settings changed since the checkpoint this run continues: the learning rate of a run without a
+        schedule is applied (returned as (then, now)); any other optimizer or schedule change is refused."""
+        ckpt = self.trainer.ckpt_path
+        way_out = f"or start a new run from its weights with a fresh optimizer: init_from={ckpt} resume=never"
+        for key in ("optimizer", "scheduler"):
+            if key in then and then[key] != self.hparams[key]:
+                raise UserError(
+                    f"optim.{key} differs from the one {ckpt} was trained with ({_describe(then[key])}, now "
+                    f"{_describe(self.hparams[key])}); keep it to continue that run, {way_out}"
+                )
+        old, new = then.get("lr"), self.hparams.lr
+        if old is None or old == new:
+            return None
+        if self.hparams.scheduler:
+            raise UserError(
+                f"the learning rate {new:g} differs from {old:g} that {ckpt} was trained with, and its schedule set "
+                f"its rates when it started; keep optim.lr (and batch.global_size, with lr scaling) as they were, {way_out}"
+            )
+        return old, new
+
+    def on_train_start(self) -> None:
+        changed = getattr(self, "_changed_lr", None)
+        if changed:
+            for group in self.trainer.optimizers[0].param_groups:
+                group["lr"] = changed[1]
+            log.info(f"learning rate {changed[0]:g} -> {changed[1]:g}: applied to the restored optimizer")
+            self._changed_lr = None
+
     def _check_schedule_length(self, scheduler: Any) -> None:
         """Refuse to continue a schedule whose length was fixed at its start with another length."""
         for saved in getattr(self, "_restored_schedulers", []):
@@ -189,6 +223,14 @@ class Classifier(pl.LightningModule):
                     "is fixed when training starts; keep trainer.max_epochs/max_steps as they were to continue it, "
                     f"or start a new run from its weights with a fresh schedule: init_from={ckpt} resume=never"
                 )
+
+
+def _describe(spec: Any) -> str:
+    if not isinstance(spec, dict):
+        return str(spec)
+    target = str(spec.get("_target_", "?")).rsplit(".", 1)[-1]
+    args = ", ".join(f"{k}={v}" for k, v in spec.items() if not k.startswith("_"))
+    return f"{target}({args})"
 
 
 # Scheduler state that fixes the schedule's length (OneCycleLR, CosineAnnealingLR).

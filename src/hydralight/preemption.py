@@ -78,6 +78,9 @@ class Preemption(Callback):
             requested = int(trainer.strategy.reduce(flag, reduce_op="max"))
         if requested == NONE:
             return
+        # This step's metrics are logged right after this hook, which the exit below skips: log them now,
+        # or the resumed run (which starts at the next step) would leave a hole in the history.
+        trainer._logger_connector.update_train_step_metrics()
         write_checkpoint(trainer, self.checkpoint_path)
         requeued = requested == REQUEUE and trainer.is_global_zero and self._requeue()
         what = "requeued" if requeued else "stopped"

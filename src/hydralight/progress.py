@@ -39,6 +39,9 @@ class LineProgress(ProgressBar):
             if isinstance(v, float)
         )
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start = time.perf_counter()  # a run resumed inside an epoch gets no epoch start
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_start = time.perf_counter()
 

@@ -11,10 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 
 from hydralight.errors import UserError
 
-COLUMNS = ["job", "overrides", "best val/acc", "test/acc", "epochs", "wall s", "samples/s"]
+COLUMNS = ["job", "overrides", "status", "best val/acc", "test/acc", "epochs", "wall s", "samples/s"]
+# Written into the sweep dir by the submitit launchers: every job submitted, whether it started or not.
+JOBS_FILE = "jobs.json"
 
 
 @dataclass
@@ -29,10 +33,13 @@ class Job:
     wall_s: float | None = None
     samples_per_s: float | None = None
     curve: list[tuple[int, float]] = field(default_factory=list)  # (epoch, val/acc)
+    # finished | failed | interrupted | running | never started
+    status: str = "running"
+    reason: str | None = None
 
     def row(self, swept: list[str]) -> list[str]:
         shown = " ".join(f"{k}={self.overrides[k]}" for k in swept if k in self.overrides) or "-"
-        return [self.name, shown, _fmt(self.best_val_acc), _fmt(self.test_acc), _fmt(self.epochs),
+        return [self.name, shown, self.status, _fmt(self.best_val_acc), _fmt(self.test_acc), _fmt(self.epochs),
                 _fmt(self.wall_s, 1), _fmt(self.samples_per_s, 0)]  # fmt: skip
 
 
@@ -73,8 +80,12 @@ def load_job(path: Path) -> Job:
         if job.best_val_acc is None:
             job.best_val_acc = results.get("metrics", {}).get("val/acc")
     manifest_file = path / "manifest.json"
+    job.status = "finished" if job.finished else "running"
     if manifest_file.is_file():
         manifest = json.loads(manifest_file.read_text())
+        job.status = manifest.get("status") or job.status
+        job.reason = manifest.get("error")
+        job.finished = job.status == "finished"
         if manifest.get("started_at") and manifest.get("finished_at"):
             start, end = (datetime.fromisoformat(manifest[k]) for k in ("started_at", "finished_at"))
             job.wall_s = (end - start).total_seconds()
@@ -87,12 +98,46 @@ def find_jobs(sweep_dir: Path) -> list[Job]:
     dirs = [
         p for p in sweep_dir.iterdir() if p.is_dir() and ((p / ".hydra").is_dir() or (p / "manifest.json").is_file())
     ]
-    if not dirs:
+    jobs = [load_job(p) for p in dirs]
+    submitted = json.loads((sweep_dir / JOBS_FILE).read_text()) if (sweep_dir / JOBS_FILE).is_file() else {}
+    for name, entry in submitted.items():
+        if not (sweep_dir / name).is_dir():
+            overrides = dict(item.split("=", 1) for item in entry.get("overrides", []) if "=" in item)
+            jobs.append(Job(name, sweep_dir / name, overrides, finished=False, status="never started"))
+    if not jobs:
         raise UserError(f"no jobs in {sweep_dir}: expected the numbered job folders of `python train.py -m ...`")
-    return [
-        load_job(p)
-        for p in sorted(dirs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
-    ]
+    number = lambda job: (not job.name.isdigit(), int(job.name) if job.name.isdigit() else 0, job.name)  # noqa: E731
+    return sorted(jobs, key=number)
+
+
+def sweep_outcome(sweep_dir: Path) -> tuple[str, bool]:
+    """One line on how a sweep ended (jobs done, failed with their reasons, not finished), and whether all finished."""
+    jobs = find_jobs(sweep_dir)
+    done = [j for j in jobs if j.finished]
+    failed = [j for j in jobs if j.status in ("failed", "interrupted")]
+    other = [j for j in jobs if not j.finished and j not in failed]
+    line = f"sweep {sweep_dir}: {len(done)} of {len(jobs)} jobs done"
+    if failed:
+        reasons = "; ".join(f"#{j.name} {j.status}: {(j.reason or '-')[:160]}" for j in failed)
+        line += f", {len(failed)} failed ({reasons})"
+    if other:
+        line += f", {len(other)} did not finish ({', '.join(f'#{j.name} {j.status}' for j in other)})"
+    line += f"; details: python scripts/sweep_report.py {sweep_dir}"
+    return line, len(done) == len(jobs)
+
+
+class SweepSummary(Callback):
+    """Hydra callback: the one line a sweep ends with; exit code 1 when any job did not finish."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        try:
+            line, all_done = sweep_outcome(sweep_dir)
+        except UserError:
+            return  # no job ran (a dry run, a plan-only sweep)
+        print(line, flush=True)
+        if not all_done:
+            raise SystemExit(1)
 
 
 def swept_keys(jobs: list[Job]) -> list[str]:
@@ -116,6 +161,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Any]
     swept = swept_keys(jobs)
     done = sorted((j for j in jobs if j.finished), key=_sort_key)
     pending = [j for j in jobs if not j.finished]
+    failed = [j for j in pending if j.status in ("failed", "interrupted")]
     rows = [j.row(swept) for j in done] + [j.row(swept) for j in pending]
 
     with (out_dir / "report.csv").open("w", newline="") as f:
@@ -130,8 +176,11 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Any]
     ]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    if pending:
-        lines += ["", "Not finished: " + ", ".join(f"{j.name} ({j.path})" for j in pending)]
+    if failed:
+        lines += ["", "Failed: " + "; ".join(f"{j.name} ({j.status}: {j.reason or '-'})" for j in failed)]
+    for status in ("running", "never started"):
+        if jobs_with := [j for j in pending if j.status == status]:
+            lines += ["", f"{status.capitalize()}: " + ", ".join(f"{j.name} ({j.path})" for j in jobs_with)]
     plots = []
     if len(swept) >= 2 and done:
         plots.append(_heatmap(done, swept[0], swept[1], out_dir / "heatmap.png"))

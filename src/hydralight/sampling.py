@@ -84,7 +84,8 @@ class GlobalBatchSampler(Sampler[torch.Tensor]):
         if position.get("global_size") != self.global_size:
             raise ValueError(
                 f"the checkpoint was trained with a global batch of {position.get('global_size')}, "
-                f"this run uses {self.global_size}; resume with batch.global_size={position.get('global_size')}"
+                f"this run uses {self.global_size}; continue with batch.global_size={position.get('global_size')}, "
+                "or start a new run from its weights with init_from=<that checkpoint> resume=never"
             )
         self._resume = (position["epoch"], position["samples"] // self.global_size * self.accumulation)
 

@@ -10,6 +10,7 @@ What the stock launcher lacks, and this adds:
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections import defaultdict
@@ -165,8 +166,28 @@ class PlannedLauncherMixin:
                 log.info(
                     f"#{initial_job_idx + i}: {self._EXECUTOR} job {job.job_id} -> {sweep_dir / str(initial_job_idx + i)}"
                 )
+        self._record_jobs(sweep_dir, arguments, jobs)
         log.info(f"Waiting for {len(jobs)} job(s); job logs in {folder.replace('%j', '<job id>')}")
-        return [job.results()[0] for job in jobs]
+        results = []
+        for i, job in enumerate(jobs):
+            try:
+                results.append(job.results()[0])
+            except Exception as err:  # killed, cancelled, out of time, crashed: the others still count
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+                log.error(
+                    f"#{initial_job_idx + i}: {self._EXECUTOR} job {job.job_id} ended {job.state}: {reason[:300]}"
+                )
+        return results
+
+    @staticmethod
+    def _record_jobs(sweep_dir: Path, arguments: list, jobs: list) -> None:
+        from hydralight.report import JOBS_FILE
+
+        path = sweep_dir / JOBS_FILE
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        for (overrides, _, idx, *_), job in zip(arguments, jobs, strict=True):
+            known[str(idx)] = {"overrides": overrides, "job_id": job.job_id}
+        path.write_text(json.dumps(known, indent=2) + "\n")
 
     def _check_no_resource_overrides(self, params: dict[str, Any], planned: dict[str, Any]) -> None:
         defaults = OmegaConf.structured(BaseQueueConf)

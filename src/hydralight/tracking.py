@@ -377,6 +377,24 @@ class Manifest:
         )
 
 
+def record_failure(output_dir: Path, reason: str) -> None:
+    """Mark a job's manifest failed with its reason (writing a small one if the job was refused before it had one)."""
+    path = output_dir / "manifest.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+        data = {"run_dir": str(output_dir), "overrides": overrides, "started_at": None}
+    if data.get("status") in (None, "running", "failed"):
+        data.update(
+            status="failed", error=reason, finished_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+        )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(redact(data), indent=2, sort_keys=True) + "\n")
+
+
 def discard_unused_run_dir(output_dir: Path) -> bool:
     """Remove a run dir that holds only its start-up record (a refused or plan-only run); keep anything else."""
     if not output_dir.is_dir():
@@ -425,7 +443,10 @@ class RunRecord:
     def __exit__(self, kind: type | None, error: BaseException | None, tb: Any) -> None:
         if kind is not None and self._manifest is not None:
             status = "interrupted" if isinstance(error, (SystemExit, KeyboardInterrupt)) else "failed"
-            self._manifest.finish(status, **self.extra)
+            reason = (
+                str(error).strip().splitlines()[0] if error is not None and str(error).strip() else type(error).__name__
+            )
+            self._manifest.finish(status, error=reason, **self.extra)
 
     def finish(self, trainer: Any, metrics: dict[str, Any], best: str | None) -> float | None:
         """Write results.json and the finished manifest, print the result line; return test/acc."""

@@ -79,19 +79,27 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
 @exit_on_user_error
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    from hydralight.tracking import discard_unused_run_dir
+    from hydralight.tracking import discard_unused_run_dir, record_failure
 
     output_dir = Path(HydraConfig.get().runtime.output_dir)
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     # One live run per dir (a sweep job resubmitted while its first attempt runs is refused).
     with RunDirLock(output_dir) if is_rank_zero() and not cfg.plan else contextlib.nullcontext():
         try:
             result = run(cfg, list(HydraConfig.get().overrides.task))
-        except UserError:
+        except UserError as err:
             # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it).
             if is_rank_zero():
                 discard_unused_run_dir(output_dir)
-            raise
+            if not in_sweep:
+                raise
+            # In a sweep the other jobs go on; the job's manifest says why it failed, the sweep's summary counts it.
+            print(f"error: job {HydraConfig.get().job.num} ({output_dir}): {err}", file=sys.stderr, flush=True)
+            if is_rank_zero():
+                record_failure(output_dir, str(err))
+            return None
         if cfg.plan:
             discard_unused_run_dir(output_dir)
         return result

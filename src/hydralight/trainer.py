@@ -45,6 +45,10 @@ def build_trainer(
     options = {k: v for k, v in options.items() if v is not None and k not in PLANNED}
     options = instantiate(options, _convert_="all")  # e.g. trainer.profiler={_target_: ...}
     options.update(plan.trainer_kwargs())
+    # Budgets count optimizer steps (global batches), whatever the accumulation: Lightning counts micro-batches.
+    limit = options.get("limit_train_batches")
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        options["limit_train_batches"] = limit * plan.task.accumulation
     # Under srun the Preemption callback owns the signals; Lightning's own SLURM requeue stays off.
     plugins: list[Any] = [AtomicCheckpointIO()]
     if SLURMEnvironment.detect():
