@@ -79,3 +79,27 @@ def test_empty_sweep_dir_is_one_clear_line(tmp_path):
     result = report(tmp_path)
     assert result.returncode == 2
     assert result.stderr.startswith("error: no jobs in") and len(result.stderr.splitlines()) == 1
+
+
+NAN_SWEEP = [*TINY, "trainer.limit_train_batches=null", "optim=sgd", "optim.lr_scaling=none", "optim.lr=0.01,1e12,0.05"]
+
+
+@pytest.mark.parametrize("launcher", ["basic", pytest.param("local", marks=pytest.mark.slow)])
+def test_a_failing_job_does_not_stop_the_sweep(tiny_data, tmp_path, launcher):
+    sweep_dir = tmp_path / "sweep"
+    chosen = [] if launcher == "basic" else ["hydra/launcher=local"]
+    result = run_cli(["-m", *NAN_SWEEP, *chosen, f"hydra.sweep.dir={sweep_dir}"], sweep_dir, tiny_data)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "Traceback" not in output
+    summary = [line for line in result.stdout.splitlines() if line.startswith(f"sweep {sweep_dir}:")]
+    assert len(summary) == 1, output[-3000:]
+    assert "2 of 3 jobs done, 1 failed (#1 failed: the loss is" in summary[0]
+    assert "sweep_report.py" in summary[0]
+    assert all((sweep_dir / str(i) / "results.json").is_file() for i in (0, 2))
+    manifest = json.loads((sweep_dir / "1" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "the loss is" in manifest["error"]
+    # The NaN message tells the truth about what was kept.
+    assert "no checkpoint was saved before it" in manifest["error"] or "holds the last state" in manifest["error"]
+    shown = report(sweep_dir)
+    assert "Failed: 1 (failed: the loss is" in shown.stdout

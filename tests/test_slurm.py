@@ -184,3 +184,13 @@ def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
     assert rows(run) == rows(tmp_path / "plain" / "0")
     losses = lambda job: [float(r["train/loss_step"]) for r in csv_rows(job) if "train/loss_step" in r]  # noqa: E731
     assert losses(run) == pytest.approx(losses(tmp_path / "plain" / "0"), rel=1e-5)
+
+
+def test_a_failing_job_does_not_stop_a_slurm_sweep(cluster, tiny_data, tmp_path):
+    args = [*TINY, "trainer.limit_train_batches=null", "optim=sgd", "optim.lr_scaling=none", "optim.lr=1e12,0.05"]
+    code, output = sweep(args, tmp_path / "sweep", tiny_data)
+    assert code == 1, output[-3000:]
+    assert "Traceback" not in output
+    assert f"sweep {tmp_path / 'sweep'}: 1 of 2 jobs done, 1 failed (#0 failed: the loss is" in output
+    assert (tmp_path / "sweep" / "1" / "results.json").is_file()
+    assert set(json.loads((tmp_path / "sweep" / "jobs.json").read_text())) == {"0", "1"}

@@ -164,6 +164,21 @@ def resumed_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     return saved
 
 
+def finished_result(cfg: DictConfig, output_dir: Path) -> dict[str, Any] | None:
+    """The results of this run dir when it already finished with this very config (the same command run
+    again): nothing is left to do. A grown budget or any other change continues the run instead."""
+    import json
+
+    files = [output_dir / name for name in ("results.json", "manifest.json", "config.yaml")]
+    if cfg.mode != "train" or cfg.resume == "never" or not all(f.is_file() for f in files):
+        return None
+    if json.loads(files[1].read_text()).get("status") != "finished":
+        return None
+    if OmegaConf.to_container(OmegaConf.load(files[2])) != OmegaConf.to_container(cfg, resolve=True):
+        return None
+    return json.loads(files[0].read_text())
+
+
 def _moved(value: Any, old: str, new: str) -> Any:
     """`value` with every path inside the `old` run dir rewritten into `new`."""
     if isinstance(value, str) and (value == old or value.startswith(old.rstrip("/") + "/")):

@@ -181,6 +181,7 @@ class MNISTDataModule(pl.LightningDataModule):
             if self.files_present():
                 for name in IDX_FILES:  # headers and lengths: cheap, and a bad file is named now
                     check_idx_file(raw_dir(self.data_dir) / name)
+                self._check_split(check_idx_file(raw_dir(self.data_dir) / "train-labels-idx1-ubyte")[0])
                 return
         where = raw_dir(self.data_dir)
         fix = f"set DATA_DIR (or data.data_dir) to a folder holding MNIST/raw/, or connect to the internet to download into {self.data_dir}"
@@ -202,13 +203,23 @@ class MNISTDataModule(pl.LightningDataModule):
                 f"MNIST not found in {where} and the download failed ({str(err).splitlines()[0]}); {fix}"
             ) from None
 
+    def _check_split(self, n_train: int) -> None:
+        """The validation split must leave at least one global batch to train on."""
+        if not 0 < self.val_size < n_train:
+            raise UserError(f"data.val_size={self.val_size} must be between 1 and {n_train - 1}")
+        left = n_train - self.val_size
+        if self.drop_last and left < self.global_batch_size:
+            raise UserError(
+                f"data.val_size={self.val_size} leaves {left} training samples, fewer than one global batch "
+                f"(batch.global_size={self.global_batch_size}); lower data.val_size or batch.global_size"
+            )
+
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
         self.prepare_data()  # a no-op when the files are there; waits for a download in progress
         images, labels = load_split(self.data_dir, train=True)
-        if not 0 < self.val_size < len(labels):
-            raise UserError(f"data.val_size={self.val_size} must be between 1 and {len(labels) - 1}")
+        self._check_split(len(labels))
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
         parts = {"train": order[self.val_size :], "val": order[: self.val_size]}
         test_images, test_labels = load_split(self.data_dir, train=False)

@@ -30,7 +30,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     """Train and test (or only test, `mode=eval`) as the config says; return the test accuracy."""
     from hydra.utils import instantiate
 
-    from hydralight.checkpoint import check_mode, resume_path, resumed_config
+    from hydralight.checkpoint import check_mode, finished_result, resume_path, resumed_config
     from hydralight.distributed import build_strategy, job_scope
     from hydralight.model import build_model
     from hydralight.plan import Machine, apply_plan, check_plan, make_plan
@@ -49,10 +49,13 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
         return None
     check_plan(plan, machine)
     check_mode(cfg.mode, cfg.ckpt_path)
+    output_dir = Path(cfg.paths.output_dir)
+    if (earlier := finished_result(cfg, output_dir)) is not None:  # the same command again: nothing to do
+        print(f"already finished: test/acc={earlier.get('test/acc')} (run dir: {output_dir})", flush=True)
+        return earlier.get("test/acc")
     datamodule = instantiate(cfg.data, **plan.data_kwargs(), drop_last=cfg.batch.drop_last, seed=cfg.seed)
     if is_rank_zero():
         datamodule.prepare_data()  # missing or corrupt files are refused before any run file is written
-    output_dir = Path(cfg.paths.output_dir)
     record = RunRecord(output_dir, cfg, plan, machine, writer=is_rank_zero())
 
     with job_scope(), wandb_scope(), record:  # the next job of a sweep starts clean

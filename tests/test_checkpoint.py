@@ -1,0 +1,141 @@
+"""Where a run continues from, and what a continued run may change: the rules of `checkpoint.py`, through the CLI."""
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY, csv_rows, one_line, run_cli
+
+HELPERS = Path(__file__).parent / "helpers"
+# Tiny MNIST: 500 training samples, global batch 32 -> 15 optimizer steps an epoch.
+BASE = [*TINY, "trainer.limit_train_batches=null", "seed=5"]
+
+
+def ok(result) -> None:
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+
+
+def last(run: Path) -> dict:
+    return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+def results(run: Path) -> dict:
+    return json.loads((run / "results.json").read_text())
+
+
+def files(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_copied_run_dir_is_a_run_of_its_own(tiny_data, tmp_path, devices):
+    original = tmp_path / "original"
+    ok(run_cli([*BASE, "trainer.max_epochs=1", f"hardware.devices={devices}"], original, tiny_data))
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(original, copy)
+    before = files(original)
+    ok(run_cli([f"resume={copy}", "trainer.max_epochs=2"], copy, tiny_data))
+    assert files(original) == before, "continuing the copy changed the original"
+    assert results(copy)["global_step"] == 30 and results(copy)["best_checkpoint"].startswith(str(copy))
+    assert max(int(r["step"]) for r in csv_rows(copy)) == 30
+
+
+def test_a_run_started_from_another_run_s_checkpoint_continues_from_its_own(tiny_data, tmp_path):
+    source = tmp_path / "source"
+    ok(run_cli([*BASE, "trainer.max_epochs=1"], source, tiny_data))
+    start = f"ckpt_path={source / 'checkpoints' / 'last.ckpt'}"
+    args = [*BASE, "trainer.max_epochs=3", start]
+    plain, cut = tmp_path / "plain", tmp_path / "cut"
+    ok(run_cli(args, plain, tiny_data))
+    stop = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=22"]
+    first = run_cli([*args, *stop], cut, tiny_data, PYTHONPATH=str(HELPERS))
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr[-2000:]
+    assert 22 <= last(cut)["global_step"] <= 23  # saved at the next step boundary
+    again = run_cli(args, cut, tiny_data)  # the same command: a rerun or a requeue
+    ok(again)
+    assert "continuing from this run's own" in again.stdout + again.stderr
+    assert results(cut)["global_step"] == results(plain)["global_step"] == 45
+    a, b = last(plain)["state_dict"], last(cut)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_changed_learning_rate_is_applied_to_the_restored_optimizer(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli([*BASE, "trainer.max_epochs=1", "optim.lr=0.001"], run, tiny_data))
+    again = run_cli([*BASE, "trainer.max_epochs=2", "optim.lr=0.05"], run, tiny_data)
+    ok(again)
+    assert "learning rate 0.001 -> 0.05: applied to the restored optimizer" in again.stdout + again.stderr
+    assert [g["lr"] for g in last(run)["optimizer_states"][0]["param_groups"]] == [0.05]
+    assert last(run)["hyper_parameters"]["lr"] == 0.05
+    assert json.loads((run / "ranks" / "rank0.json").read_text())["lr"] == 0.05
+
+
+def test_a_changed_learning_rate_under_a_schedule_is_refused(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli([*BASE, "optim=sgd", "trainer.max_epochs=1"], run, tiny_data))
+    line = one_line(run_cli([*BASE, "optim=sgd", "trainer.max_epochs=1", "optim.lr=0.5"], run, tiny_data))
+    assert "differs from" in line and "init_from=" in line
+
+
+def test_another_optimizer_setting_is_refused_naming_the_key(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli([*BASE, "trainer.max_epochs=1"], run, tiny_data))
+    line = one_line(run_cli([*BASE, "trainer.max_epochs=2", "optim.optimizer.weight_decay=0.1"], run, tiny_data))
+    assert "optim.optimizer differs" in line and "weight_decay=0.1" in line
+
+
+def test_another_batch_size_is_refused_and_init_from_fine_tunes_with_it(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli([*BASE, "trainer.max_epochs=1", "trainer.max_steps=10"], run, tiny_data))
+    line = one_line(run_cli([*BASE, "trainer.max_epochs=1", "batch.global_size=16"], run, tiny_data))
+    assert "global batch of 32" in line and "init_from=" in line
+    tuned = tmp_path / "tuned"
+    weights = run / "checkpoints" / "last.ckpt"
+    ok(run_cli([*BASE, "trainer.max_epochs=1", "batch.global_size=16", f"init_from={weights}"], tuned, tiny_data))
+    assert results(tuned)["global_step"] == 500 // 16  # a fresh step count and schedule
+    # It started from those weights: its first loss is the source run's last, not a random network's.
+    first_loss = lambda r: float(next(x["train/loss_step"] for x in csv_rows(r) if "train/loss_step" in x))  # noqa: E731
+    assert first_loss(tuned) < first_loss(run)
+
+
+def test_rerunning_a_finished_run_is_a_no_op_and_a_larger_budget_continues(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    args = [*BASE, "trainer.max_epochs=2"]
+    ok(run_cli(args, run, tiny_data))
+    before = files(run)
+    again = run_cli(args, run, tiny_data)
+    ok(again)
+    assert f"already finished: test/acc={results(run)['test/acc']}" in again.stdout
+    assert {k: v for k, v in files(run).items() if k != "train.log"} == {
+        k: v for k, v in before.items() if k != "train.log"
+    }
+    ok(run_cli([*BASE, "trainer.max_epochs=3"], run, tiny_data))
+    kept = sorted(p.name for p in (run / "checkpoints").glob("*.ckpt"))
+    assert len(kept) == 2 and "last.ckpt" in kept, kept  # save_top_k=1 holds across attempts
+    assert results(run)["global_step"] == 45 and Path(results(run)["best_checkpoint"]).is_file()
+
+
+def test_limit_train_batches_counts_optimizer_steps_whatever_the_accumulation(tiny_data, tmp_path):
+    for name, extra in (("whole", []), ("accumulated", ["batch.max_per_device=8"])):
+        ok(run_cli([*TINY, "trainer.limit_train_batches=5", *extra], tmp_path / name, tiny_data))
+        assert results(tmp_path / name)["global_step"] == 5, name
+    a, b = last(tmp_path / "whole")["state_dict"], last(tmp_path / "accumulated")["state_dict"]
+    worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)).item() for k in a)
+    assert worst < 1e-4
+
+
+def test_a_validation_split_that_leaves_too_little_to_train_is_one_line(tiny_data, tmp_path):
+    line = one_line(run_cli([*TINY, "data.val_size=590"], tmp_path / "run", tiny_data))
+    assert "data.val_size=590" in line and not (tmp_path / "run").exists()
+
+
+def test_a_quoted_run_dir_with_spaces(tiny_data, tmp_path):
+    run = tmp_path / "with space"
+    result = run_cli([*TINY, f'hydra.run.dir="{run}"'], run, tiny_data)
+    ok(result)
+    assert (run / "results.json").is_file()
+    assert not list(Path(tmp_path).glob('"*'))
