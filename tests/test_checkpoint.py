@@ -139,3 +139,34 @@ def test_a_quoted_run_dir_with_spaces(tiny_data, tmp_path):
     ok(result)
     assert (run / "results.json").is_file()
     assert not list(Path(tmp_path).glob('"*'))
+
+
+def test_eval_records_the_network_it_evaluated(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli(TINY, run, tiny_data))  # model=mlp
+    evaluated = tmp_path / "eval"
+    ok(
+        run_cli(
+            ["hardware=cpu", "data.val_size=100", "mode=eval", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"],
+            evaluated,
+            tiny_data,
+        )
+    )
+    assert "MLP" in (evaluated / "config.yaml").read_text() and "SeedCNN" not in (evaluated / "config.yaml").read_text()
+
+
+def test_a_resumed_attempt_reports_its_own_throughput(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli([*BASE, "trainer.max_epochs=1"], run, tiny_data))
+    first = results(run)
+    ok(run_cli([*BASE, "trainer.max_epochs=2"], run, tiny_data))
+    second = results(run)
+    # 15 more steps of 32 samples in the second attempt's own time, not 30 steps.
+    assert second["samples_per_second"] == pytest.approx(15 * 32 / second["fit_seconds"], rel=0.01)
+    assert first["global_step"] == 15 and second["global_step"] == 30
+
+
+def test_no_checkpoint_callbacks_means_no_checkpoint_files(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli([*TINY, "callbacks=none"], run, tiny_data))
+    assert not list(run.rglob("*.ckpt"))

@@ -109,3 +109,14 @@ def test_plan_table_lists_all_three_layers():
     text = make_plan(config("hardware=8gpu", "batch.global_size=512", "batch.max_per_device=32"), H100_BOX).table()
     for expected in ("hardware", "framework", "task", "per_device_batch", "32", "accumulation", "nccl"):
         assert expected in text
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [("optim.lr=abc", "optim.lr=abc is not a number"), ("seed=notanumber", "seed=notanumber is not an integer")],
+)
+def test_values_of_the_wrong_type_are_one_line(tiny_data, tmp_path, override, said):
+    from conftest import TINY, one_line, run_cli
+
+    line = one_line(run_cli([*TINY, override], tmp_path / "run", tiny_data))
+    assert said in line and not (tmp_path / "run").exists()

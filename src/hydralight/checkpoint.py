@@ -43,6 +43,15 @@ def check_mode(mode: str, ckpt_path: str | None) -> None:
         raise UserError("mode=eval needs the checkpoint to test: add ckpt_path=PATH/TO/file.ckpt")
 
 
+def with_evaluated_model(cfg: DictConfig) -> DictConfig:
+    """`mode=eval`: the run's records name the network the checkpoint holds, not the model group's default."""
+    if cfg.mode == "eval":
+        net = read_checkpoint(cfg.ckpt_path).get("hyper_parameters", {}).get("net")
+        if isinstance(net, dict):
+            OmegaConf.update(cfg, "model.net", net, merge=False)
+    return cfg
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint's contents, loaded without running pickled code."""
     import torch

@@ -96,6 +96,7 @@ class LastCheckpoint(Callback):
         self._saved_step = -1
         self._validated_step = -1
         self._validated_since_save = False
+        self.start_step = 0
         # How the loop state is recorded in the checkpoint being written: None (as Lightning has it),
         # "boundary" (epoch done, the next one not begun) or "stopped" (mid-epoch, after the last step).
         self._form: str | None = None
@@ -117,6 +118,7 @@ class LastCheckpoint(Callback):
 
     # Resuming: history after the restored step belongs to the attempt that did not survive.
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.start_step = trainer.global_step  # where this attempt began (throughput counts from here)
         self._last_save = time.monotonic()
         self._saved_step = trainer.global_step if self.path.is_file() else -1
         for logger in trainer.loggers:

@@ -240,7 +240,10 @@ def _task(cfg: DictConfig, hw: HardwarePlan) -> TaskPlan:
             f"{accumulation}; use a multiple of {world * accumulation}"
         )
     eval_batch = _positive_int(batch.get("eval_size", 1000), "batch.eval_size")
-    base_lr = float(optim.lr)
+    try:
+        base_lr = float(optim.lr)
+    except (TypeError, ValueError):
+        raise UserError(f"optim.lr={optim.lr} is not a number; use e.g. optim.lr=1e-3") from None
     if not base_lr > 0:
         raise UserError(f"optim.lr={optim.lr} must be positive")
     scaling = optim.get("lr_scaling", "none")
@@ -275,6 +278,8 @@ def _task(cfg: DictConfig, hw: HardwarePlan) -> TaskPlan:
 
 def make_plan(cfg: DictConfig, machine: Machine) -> Plan:
     """Resolve the three layers from a composed config; `auto` values are read off `machine`."""
+    if isinstance(cfg.get("seed"), bool) or not isinstance(cfg.get("seed"), int):
+        raise UserError(f"seed={cfg.get('seed')} is not an integer; use e.g. seed=42")
     hw = _hardware(cfg.hardware, machine)
     return Plan(hardware=hw, framework=_framework(cfg, hw, machine), task=_task(cfg, hw))
 

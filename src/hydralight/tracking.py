@@ -455,7 +455,9 @@ class RunRecord:
         if not trainer.is_global_zero:
             return test_acc
         fit_seconds = self.extra.get("fit_seconds")
-        samples = trainer.global_step * self.plan.task.global_batch
+        # Samples this attempt trained, over this attempt's time (a resumed run started at a later step).
+        first = next((c.start_step for c in trainer.callbacks if hasattr(c, "start_step")), 0)
+        samples = (trainer.global_step - first) * self.plan.task.global_batch
         results = {
             "epochs": trainer.current_epoch,
             "global_step": trainer.global_step,

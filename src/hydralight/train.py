@@ -30,7 +30,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     """Train and test (or only test, `mode=eval`) as the config says; return the test accuracy."""
     from hydra.utils import instantiate
 
-    from hydralight.checkpoint import check_mode, finished_result, resume_path, resumed_config
+    from hydralight.checkpoint import check_mode, finished_result, resume_path, resumed_config, with_evaluated_model
     from hydralight.distributed import build_strategy, job_scope
     from hydralight.model import build_model
     from hydralight.plan import Machine, apply_plan, check_plan, make_plan
@@ -49,6 +49,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
         return None
     check_plan(plan, machine)
     check_mode(cfg.mode, cfg.ckpt_path)
+    cfg = with_evaluated_model(cfg)
     output_dir = Path(cfg.paths.output_dir)
     if (earlier := finished_result(cfg, output_dir)) is not None:  # the same command again: nothing to do
         print(f"already finished: test/acc={earlier.get('test/acc')} (run dir: {output_dir})", flush=True)

@@ -8,12 +8,12 @@ import pytorch_lightning as pl
 from hydra.utils import instantiate
 from lightning_fabric.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import Callback, LearningRateMonitor
+from pytorch_lightning.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.loggers import Logger
 from pytorch_lightning.strategies import Strategy
 
 from hydralight.errors import UserError
-from hydralight.last_checkpoint import AtomicCheckpointIO
+from hydralight.last_checkpoint import AtomicCheckpointIO, LastCheckpoint
 from hydralight.plan import Plan
 
 # Trainer arguments that the hardware/strategy/batch groups own: one place to set each.
@@ -45,6 +45,10 @@ def build_trainer(
     options = {k: v for k, v in options.items() if v is not None and k not in PLANNED}
     options = instantiate(options, _convert_="all")  # e.g. trainer.profiler={_target_: ...}
     options.update(plan.trainer_kwargs())
+    # Without our checkpoint callbacks (callbacks=none), Lightning's default one would write into the
+    # logger's folder, where resume=auto never looks: such a run writes no checkpoint.
+    if not any(isinstance(c, ModelCheckpoint | LastCheckpoint) for c in callbacks):
+        options["enable_checkpointing"] = False
     # Budgets count optimizer steps (global batches), whatever the accumulation: Lightning counts micro-batches.
     limit = options.get("limit_train_batches")
     if isinstance(limit, int) and not isinstance(limit, bool):
