@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI, ROOT, TINY, csv_rows
+from conftest import IN_CI, ROOT, TINY, csv_rows, run_cli
 
 pytestmark = pytest.mark.slow
 HELPERS = Path(__file__).parent / "helpers"
@@ -144,7 +144,12 @@ def run_steps(run: Path) -> int:
 
 
 def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
-    steps = [*TINY, "trainer.limit_train_batches=null", "trainer.max_epochs=3", "seed=3"]
+    """Started from another run's checkpoint (ckpt_path=), requeued: it continues from its own last.ckpt."""
+    source = tmp_path / "source"
+    first = run_cli([*TINY, "trainer.limit_train_batches=null", "seed=3"], source, tiny_data)
+    assert first.returncode == 0, first.stderr[-2000:]
+    start = f"ckpt_path={source / 'checkpoints' / 'last.ckpt'}"
+    steps = [*TINY, "trainer.limit_train_batches=null", "trainer.max_epochs=3", "seed=3", start]
     slow = ["+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.15"]
     code, output = sweep([*steps, "hardware.devices=2"], tmp_path / "plain", tiny_data)
     assert code == 0, output[-2000:]
@@ -175,6 +180,8 @@ def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
     shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     assert "Restarts=1 " in shown
     assert run_steps(run) == run_steps(tmp_path / "plain" / "0") == 45
+    logs = "".join(p.read_text() for p in run.glob("*.log"))
+    assert "continuing from this run's own" in logs and "which started it" in logs
     plain = json.loads((tmp_path / "plain" / "0" / "results.json").read_text())["metrics"]
     again = json.loads((run / "results.json").read_text())["metrics"]
     assert again["test/acc"] == plain["test/acc"]
