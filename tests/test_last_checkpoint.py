@@ -199,3 +199,10 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_says_how_much_is_needed(t
     assert path.read_bytes() == before
     assert torch.load(path, weights_only=True)["global_step"] == 15
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_final_validation_can_choose_the_best_checkpoint(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli([*BASE, "trainer.max_steps=7"], run, tiny_data))  # no epoch ends: the final validation is the only one
+    best = Path(results(run)["best_checkpoint"])
+    assert best.is_file() and torch.load(best, weights_only=True)["global_step"] == 7

@@ -120,3 +120,10 @@ def test_values_of_the_wrong_type_are_one_line(tiny_data, tmp_path, override, sa
 
     line = one_line(run_cli([*TINY, override], tmp_path / "run", tiny_data))
     assert said in line and not (tmp_path / "run").exists()
+
+
+def test_printing_the_config_refuses_a_wrong_value_too(tmp_path):
+    from conftest import one_line, run_cli
+
+    assert "optim.lr=abc is not a number" in one_line(run_cli(["--cfg", "job", "optim.lr=abc"], tmp_path / "run"))
+    assert run_cli(["--cfg", "job", "optim.lr=0.1"], tmp_path / "run").returncode == 0

@@ -109,6 +109,26 @@ def main(cfg: DictConfig) -> float | None:
         return result
 
 
+def _check_printed_config(argv: list[str]) -> None:
+    """`--cfg job` checks the values as a run would (no torch import), so a wrong one is refused there too."""
+    from hydra import compose, initialize_config_dir
+
+    from hydralight.plan import Machine, make_plan
+
+    overrides, flag_value = [], False
+    for arg in argv:
+        if flag_value or arg in ("--cfg", "-c", "--package", "-p"):
+            flag_value = not flag_value
+        elif not arg.startswith("-") and not arg.lstrip("+~").startswith("hydra"):
+            overrides.append(arg)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        try:
+            cfg = compose(config_name="train", overrides=overrides)
+        except Exception:  # bad override syntax, unknown groups: Hydra itself says so when it prints
+            return
+        make_plan(cfg, Machine())  # types and arithmetic; the machine is checked only by a run
+
+
 def cli() -> None:
     """`python train.py`: settle the run dir (shared by the ranks of a torchrun/srun launch, the earlier
     run's with resume=RUN_DIR, writable in any case), then let Hydra run."""
@@ -118,6 +138,8 @@ def cli() -> None:
 
 
 def _start(argv: list[str]) -> None:
+    if any(flag in argv for flag in ("--cfg", "-c")) and not any(flag in argv for flag in ("-m", "--multirun")):
+        _check_printed_config(argv)
     check_run_dir_writable(argv)
     # A named run dir is locked before Hydra writes its record there, so a live run is left untouched.
     run_dir = fixed_run_dir(argv)
