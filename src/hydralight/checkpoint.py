@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hydralight.errors import UserError
-from hydralight.model import Classifier
+from hydralight.model import Classifier, describe
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +108,14 @@ def load_weights(model: Classifier, path: str | Path) -> None:
     saved = contents.get("hyper_parameters", {}).get("net")
     if saved != model.hparams.net:
         raise UserError(
-            f"init_from={path} holds another model ({_describe(saved)}) than this run ({_describe(model.hparams.net)}); "
+            f"init_from={path} holds another model ({_describe_net(saved)}) than this run ({_describe_net(model.hparams.net)}); "
             "pick the matching model=..."
         )
     model.load_state_dict(contents["state_dict"])
+
+
+def _describe_net(net: Any) -> str:
+    return describe(net) if isinstance(net, dict) else "no model config"
 
 
 def _check_same_model(cfg: DictConfig, path: Path, contents: dict[str, Any]) -> None:
@@ -119,17 +123,9 @@ def _check_same_model(cfg: DictConfig, path: Path, contents: dict[str, Any]) -> 
     wanted = OmegaConf.to_container(cfg.model.net, resolve=True)
     if saved != wanted:
         raise UserError(
-            f"{path} holds another model ({_describe(saved)}) than this run ({_describe(wanted)}); "
+            f"{path} holds another model ({_describe_net(saved)}) than this run ({_describe_net(wanted)}); "
             "pick the matching model=..., or start fresh with resume=never / another run dir"
         )
-
-
-def _describe(net: Any) -> str:
-    if not isinstance(net, dict):
-        return "no model config"
-    target = str(net.get("_target_", "?")).rsplit(".", 1)[-1]
-    args = ", ".join(f"{k}={v}" for k, v in net.items() if k != "_target_")
-    return f"{target}({args})"
 
 
 # Settings a resumed run may change: how long it trains.

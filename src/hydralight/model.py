@@ -157,7 +157,6 @@ class Classifier(pl.LightningModule):
         if trainer is not None and trainer.state.fn == "fit":
             self._changed_lr = self._check_continued_settings(checkpoint.get("hyper_parameters", {}))
         total, weight = checkpoint.get("train_loss_running", (0.0, 0.0))
-        trainer = self._trainer
         if trainer is not None and trainer.global_rank == 0:  # rank 0 carries it; the others start at zero
             self.train_loss.mean_value = torch.tensor(total, dtype=self.train_loss.mean_value.dtype)
             self.train_loss.weight = torch.tensor(weight, dtype=self.train_loss.weight.dtype)
@@ -189,8 +188,8 @@ class Classifier(pl.LightningModule):
         for key in ("optimizer", "scheduler"):
             if key in then and then[key] != self.hparams[key]:
                 raise UserError(
-                    f"optim.{key} differs from the one {ckpt} was trained with ({_describe(then[key])}, now "
-                    f"{_describe(self.hparams[key])}); keep it to continue that run, {way_out}"
+                    f"optim.{key} differs from the one {ckpt} was trained with ({describe(then[key])}, now "
+                    f"{describe(self.hparams[key])}); keep it to continue that run, {way_out}"
                 )
         old, new = then.get("lr"), self.hparams.lr
         if old is None or old == new:
@@ -212,9 +211,10 @@ class Classifier(pl.LightningModule):
 
     def _check_schedule_length(self, scheduler: Any) -> None:
         """Refuse to continue a schedule whose length was fixed at its start with another length."""
+        state = scheduler.state_dict()
         for saved in getattr(self, "_restored_schedulers", []):
             for key in LENGTH_KEYS:
-                now, then = scheduler.state_dict().get(key), saved.get(key)
+                now, then = state.get(key), saved.get(key)
                 if now is None or then is None or now == then:
                     continue
                 name, ckpt = type(scheduler).__name__, self.trainer.ckpt_path
@@ -225,7 +225,8 @@ class Classifier(pl.LightningModule):
                 )
 
 
-def _describe(spec: Any) -> str:
+def describe(spec: Any) -> str:
+    """A `_target_` config in one short phrase: `Adam(weight_decay=0.0)`, `MLP(hidden=[128, 256])`."""
     if not isinstance(spec, dict):
         return str(spec)
     target = str(spec.get("_target_", "?")).rsplit(".", 1)[-1]
