@@ -23,7 +23,8 @@ from hydralight.launchers import (
 )
 from hydralight.run_lock import RunDirLock
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+# The configs ship inside the package, so an installed (non-editable) copy finds them too.
+CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
 
 
 def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
@@ -145,3 +146,11 @@ def _start(argv: list[str]) -> None:
     run_dir = fixed_run_dir(argv)
     with RunDirLock(run_dir) if run_dir and is_rank_zero() else contextlib.nullcontext():
         main()
+
+
+if __name__ == "__main__":
+    # `python -m hydralight.train`: run the entrypoint from the imported module, not from `__main__`, so
+    # that submitit pickles `hydralight.train.main` for its jobs.
+    from hydralight.train import cli as _cli
+
+    _cli()
