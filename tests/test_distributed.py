@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import ROOT, TINY, run_cli
 
-from hydralight.launchers import global_rank
+from hydralight.run_dir import global_rank
 
 pytestmark = pytest.mark.slow
 DDP2 = [*TINY, "hardware.devices=2"]

@@ -1,7 +1,5 @@
-"""Who started this process: a plain `python`, torchrun, or SLURM's srun, and what follows for the run dir.
-
-Kept free of torch and Lightning imports: it runs before Hydra composes anything.
-"""
+"""The run dir of this process and who writes it: which launcher started us (plain `python`, torchrun, SLURM's
+srun), our rank, and the run dir all ranks share. Free of torch and Lightning: it runs before Hydra composes."""
 
 from __future__ import annotations
 

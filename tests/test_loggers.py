@@ -1,4 +1,4 @@
-"""Run manifest, wandb offline runs read back from their files, and secrets kept out of every file."""
+"""Weights & Biases runs read back from their offline files: metrics, config, plan, the mode, resumption."""
 
 import json
 import socket
@@ -11,28 +11,9 @@ from conftest import TINY, run_cli
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 from wandb_file import records  # noqa: E402
 
-from hydralight.tracking import wandb_server_unreachable  # noqa: E402
+from hydralight.loggers import wandb_server_unreachable  # noqa: E402
 
 SECRET = "planted-secret-4f9a2c"
-
-
-def test_manifest_records_the_run(tiny_data, tmp_path):
-    run = tmp_path / "run"
-    result = run_cli(TINY, run, tiny_data)
-    assert result.returncode == 0, result.stderr
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["status"] == "finished"
-    assert manifest["overrides"] == [*TINY, f"hydra.run.dir={run}"][: len(TINY)]
-    assert manifest["command"][1].endswith("train.py")
-    for package in ("torch", "pytorch-lightning", "hydra-core", "wandb", "python"):
-        assert manifest["versions"][package]
-    assert manifest["machine"]["cpu_cores"] >= 1 and manifest["machine"]["cpu_model"]
-    assert manifest["machine"]["gpus"] == []
-    assert manifest["plan"]["task"]["global_batch"] == 32
-    assert manifest["started_at"] < manifest["finished_at"]
-    assert manifest["metrics"]["test/acc"] == json.loads((run / "results.json").read_text())["test/acc"]
-    assert manifest["best_checkpoint"].endswith(".ckpt")
-    assert set(manifest["git"]) == {"commit", "dirty"}
 
 
 def wandb_run(tiny_data, tmp_path, *extra, **env):
@@ -68,20 +49,6 @@ def test_resumed_run_continues_the_same_wandb_run(tiny_data, tmp_path):
     (run / "wandb").rename(tmp_path / "first-wandb")
     _, again = wandb_run(tiny_data, tmp_path, "trainer.max_epochs=2")
     assert of_kind(first, "run")[0].run_id == of_kind(again, "run")[0].run_id
-
-
-def test_secrets_never_reach_a_written_file(tiny_data, tmp_path):
-    run, recs = wandb_run(
-        tiny_data,
-        tmp_path,
-        "+extra.token=${oc.env:MY_SERVICE_TOKEN}",
-        MY_SERVICE_TOKEN=SECRET,
-        DB_PASSWORD=SECRET + "x",
-    )
-    assert recs  # the wandb file was read back, and it is among the files searched below
-    leaked = [str(p) for p in run.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
-    assert leaked == []
-    assert "<redacted>" in (run / "config.yaml").read_text()
 
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"
@@ -125,13 +92,3 @@ def test_wandb_server_probe_is_bounded(monkeypatch):
         server.listen()
         monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
         assert wandb_server_unreachable(timeout=2) is None
-
-
-def test_secrets_given_on_the_command_line_stay_out_of_every_file(tiny_data, tmp_path):
-    run, recs = wandb_run(tiny_data, tmp_path, f"+service.api_token={SECRET}", f"+db.password={SECRET}x")
-    assert recs
-    leaked = [str(p) for p in run.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
-    assert leaked == []
-    # wandb records the command line itself (its run metadata): it saw the redacted one.
-    (run_file,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
-    assert b"api_token=<redacted>" in run_file.read_bytes()
