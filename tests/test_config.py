@@ -47,7 +47,7 @@ def test_option_composes_and_plans(group, option):
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert resolved["paths"]["output_dir"] == "/tmp/run"
     plan = make_plan(cfg, GPU_BOX)
-    assert plan.task.per_device_batch * plan.hardware.world_size * plan.task.accumulation == plan.task.global_batch
+    assert plan.task.per_device_size * plan.hardware.world_size * plan.task.accumulation == plan.task.global_size
     if group == "precision":
         assert plan.framework.precision == option
     if group == "hardware" and option != "auto":

@@ -1,12 +1,13 @@
 """The entrypoint end to end, through the real command line, on tiny generated data."""
 
 import json
+import os
 import re
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY, run_cli
+from conftest import ROOT, TINY, csv_rows, run_cli
 
 
 def test_train_writes_checkpoint_metrics_and_record(tiny_data, tmp_path):
@@ -87,7 +88,7 @@ def test_plan_flag_plans_for_a_cluster_from_here(tmp_path):
     run = tmp_path / "run"
     result = run_cli(["hardware=8gpu", "batch.global_size=512", "batch.max_per_device=32", "plan=true"], run)
     assert result.returncode == 0, result.stderr
-    assert "per_device_batch" in result.stdout and "nccl" in result.stdout
+    assert "per_device_size" in result.stdout and "nccl" in result.stdout
     assert re.search(r"accumulation\s+│\s+2", result.stdout), result.stdout
     assert not run.exists()
 
@@ -97,15 +98,24 @@ def test_bad_batch_is_refused(tiny_data, tmp_path):
     assert "batch.global_size=0" in line
 
 
-def test_cfg_job_does_not_import_torch():
+@pytest.mark.parametrize("objective", [[], ["objective.metric=val/loss", "objective.direction=min"]])
+def test_a_run_returns_its_best_validation_value_never_a_test_metric(objective, tiny_data, tmp_path):
+    """What a Hydra sweeper receives from `main`: the run's best `objective.metric` over its validations."""
+    run = tmp_path / "run"
+    overrides = [*TINY, "trainer.max_epochs=3", *objective, f"paths.output_dir={run}", "paths.root_dir=."]
     code = (
-        "import sys; sys.argv = ['train.py', '--cfg', 'job'];"
-        "from hydralight.train import main; main()\n"
-        "assert 'torch' not in sys.modules, 'torch imported'"
+        "import sys; from hydralight.schema import compose_jobs; from hydralight.train import CONFIG_DIR, run\n"
+        "(cfg,) = compose_jobs(CONFIG_DIR, 'train', sys.argv[1:]); print('returned', run(cfg))"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "hardware:" in result.stdout
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"} | {"DATA_DIR": str(tiny_data)}
+    result = subprocess.run([sys.executable, "-c", code, *overrides], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    returned = float(result.stdout.split("returned ")[-1])
+    metric, pick = ("val/loss", min) if objective else ("val/acc", max)
+    validated = [float(row[metric]) for row in csv_rows(run) if metric in row]
+    assert len(validated) == 3 and returned == pytest.approx(pick(validated))
+    results = json.loads((run / "results.json").read_text())
+    assert results["objective"] == {"metric": metric, "value": pytest.approx(returned)}
 
 
 @pytest.mark.parametrize("debug", ["fast_dev_run", "overfit", "profiler"])

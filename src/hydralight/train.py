@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from hydralight.errors import UserError, exit_on_user_error
-from hydralight.launchers import (
+from hydralight.run_dir import (
     check_run_dir_writable,
     fixed_run_dir,
     is_rank_zero,
@@ -22,27 +22,34 @@ from hydralight.launchers import (
     with_shared_run_dir,
 )
 from hydralight.run_lock import RunDirLock
+from hydralight.schema import compose_jobs, register
+
+register()
+# ./conf holds your own options when you have any; without one there is nothing to warn about.
+warnings.filterwarnings("ignore", message="provider=hydra.searchpath in main, path=conf is not available")
 
 # The configs ship inside the package, so an installed (non-editable) copy finds them too.
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
 
 
 def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
-    """Train and test (or only test, `mode=eval`) as the config says; return the test accuracy."""
+    """Train and test (or only test, `mode=eval`) as the config says; return the objective (the best
+    validation value of `objective.metric`), so a sweeper never tunes on the test set."""
     from hydra.utils import instantiate
 
     from hydralight.checkpoint import check_mode, finished_result, resume_path, resumed_config, with_evaluated_model
     from hydralight.distributed import build_strategy, job_scope
+    from hydralight.loggers import build_loggers, wandb_scope
     from hydralight.model import build_model
     from hydralight.plan import Machine, apply_plan, check_plan, make_plan
-    from hydralight.tracking import RunRecord, build_loggers, wandb_scope
+    from hydralight.run_record import RunRecord
     from hydralight.trainer import build_callbacks, build_trainer
 
     # Lightning-internal deprecation that users cannot act on, printed once per rank.
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
 
     # 1. Plan: hardware -> framework -> task, refused here if this machine cannot run it.
-    cfg = resumed_config(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)), overrides or [])
+    cfg = resumed_config(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)), overrides or [])
     machine = Machine.detect()
     plan = make_plan(cfg, machine)
     if cfg.plan:
@@ -54,8 +61,8 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     output_dir = Path(cfg.paths.output_dir)
     if (earlier := finished_result(cfg, output_dir)) is not None:  # the same command again: nothing to do
         print(f"already finished: test/acc={earlier.get('test/acc')} (run dir: {output_dir})", flush=True)
-        return earlier.get("test/acc")
-    datamodule = instantiate(cfg.data, **plan.data_kwargs(), drop_last=cfg.batch.drop_last, seed=cfg.seed)
+        return (earlier.get("objective") or {}).get("value")
+    datamodule = instantiate(cfg.data, **plan.data_kwargs(), seed=cfg.seed)
     if is_rank_zero():
         datamodule.prepare_data()  # missing or corrupt files are refused before any run file is written
     record = RunRecord(output_dir, cfg, plan, machine, writer=is_rank_zero())
@@ -63,9 +70,9 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     with job_scope(), wandb_scope(), record:  # the next job of a sweep starts clean
         apply_plan(plan, cfg.seed)
         # 2. Build: model, callbacks, loggers, trainer.
-        model = build_model(cfg, plan.task.lr)
+        model = build_model(cfg, **plan.model_kwargs())
         loggers = build_loggers(cfg, plan, record.manifest)
-        strategy = build_strategy(cfg, plan, record.config_file)
+        strategy = build_strategy(plan, record.config_file)
         trainer = build_trainer(cfg, plan, strategy, build_callbacks(cfg, loggers), loggers)
 
         # 3. Fit (continuing this run dir's checkpoint), then test the best checkpoint.
@@ -86,7 +93,7 @@ def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from hydralight.tracking import discard_unused_run_dir, record_failure
+    from hydralight.run_record import discard_unused_run_dir, record_failure
 
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
@@ -110,26 +117,6 @@ def main(cfg: DictConfig) -> float | None:
         return result
 
 
-def _check_printed_config(argv: list[str]) -> None:
-    """`--cfg job` checks the values as a run would (no torch import), so a wrong one is refused there too."""
-    from hydra import compose, initialize_config_dir
-
-    from hydralight.plan import Machine, make_plan
-
-    overrides, flag_value = [], False
-    for arg in argv:
-        if flag_value or arg in ("--cfg", "-c", "--package", "-p"):
-            flag_value = not flag_value
-        elif not arg.startswith("-") and not arg.lstrip("+~").startswith("hydra"):
-            overrides.append(arg)
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        try:
-            cfg = compose(config_name="train", overrides=overrides)
-        except Exception:  # bad override syntax, unknown groups: Hydra itself says so when it prints
-            return
-        make_plan(cfg, Machine())  # types and arithmetic; the machine is checked only by a run
-
-
 def cli() -> None:
     """`python train.py`: settle the run dir (shared by the ranks of a torchrun/srun launch, the earlier
     run's with resume=RUN_DIR, writable in any case), then let Hydra run."""
@@ -139,8 +126,13 @@ def cli() -> None:
 
 
 def _start(argv: list[str]) -> None:
-    if any(flag in argv for flag in ("--cfg", "-c")) and not any(flag in argv for flag in ("-m", "--multirun")):
-        _check_printed_config(argv)
+    # Every job's config is composed and type-checked first: a wrong value is one line, before any run dir.
+    configs = compose_jobs(CONFIG_DIR, "train", argv)
+    if any(flag in argv for flag in ("--cfg", "-c")):
+        from hydralight.plan import Machine, make_plan
+
+        for cfg in configs:
+            make_plan(cfg, Machine())  # the arithmetic too; the machine is checked only by a run
     check_run_dir_writable(argv)
     # A named run dir is locked before Hydra writes its record there, so a live run is left untouched.
     run_dir = fixed_run_dir(argv)

@@ -15,18 +15,7 @@ from pytorch_lightning.strategies import Strategy
 from hydralight.errors import UserError
 from hydralight.last_checkpoint import AtomicCheckpointIO, LastCheckpoint
 from hydralight.plan import Plan
-
-# Trainer arguments that the hardware/strategy/batch groups own: one place to set each.
-PLANNED = {
-    "accelerator": "hardware.accelerator",
-    "devices": "hardware.devices",
-    "num_nodes": "hardware.num_nodes",
-    "strategy": "strategy=<name>",
-    "accumulate_grad_batches": "batch.max_per_device or batch.accumulation",
-    "sync_batchnorm": "model.sync_batchnorm",
-    "use_distributed_sampler": "nothing (the data module shards by rank itself)",
-    "default_root_dir": "hydra.run.dir (the run dir holds everything a run writes)",
-}
+from hydralight.schema import PLANNED
 
 
 def build_callbacks(cfg: DictConfig, loggers: list[Logger]) -> list[Callback]:

@@ -1,0 +1,287 @@
+"""Typed schemas of the config tree, checked by Hydra when the config is composed.
+
+A wrong type or an unknown choice (`optim.lr=abc`, `mode=tain`, `trainer.precision=bf17`) is refused
+before any run dir exists, for a single run, `--cfg`, `plan=true` and every job of a sweep alike.
+Checks that need arithmetic (divisibility, what the machine has) stay in the plan. No torch imports.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+
+class Choice(str, Enum):
+    """A closed set of string values; prints as the bare value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def _choice(name: str, values: tuple[str, ...]) -> type[Choice]:
+    # The functional API accepts values such as "bf16-mixed" that are not Python names.
+    return Choice(name, [(v, v) for v in values])  # type: ignore[return-value]
+
+
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
+STRATEGIES = ("auto", "ddp", "ddp_spawn")
+LR_SCALING = ("none", "linear", "sqrt")
+
+Mode = _choice("Mode", ("train", "eval"))
+Direction = _choice("Direction", ("max", "min"))
+Accelerator = _choice("Accelerator", ("auto", "cpu", "gpu", "cuda"))
+StrategyName = _choice("StrategyName", STRATEGIES)
+Precision = _choice("Precision", PRECISIONS)
+LrScaling = _choice("LrScaling", LR_SCALING)
+Loader = _choice("Loader", ("tensor", "torchvision"))
+
+# Trainer arguments that other groups own: one place to set each.
+PLANNED = {
+    "accelerator": "hardware.accelerator",
+    "devices": "hardware.devices",
+    "num_nodes": "hardware.num_nodes",
+    "strategy": "strategy=<name>",
+    "accumulate_grad_batches": "batch.max_per_device or batch.accumulation",
+    "sync_batchnorm": "model.sync_batchnorm",
+    "use_distributed_sampler": "nothing (the data module shards by rank itself)",
+    "default_root_dir": "hydra.run.dir (the run dir holds everything a run writes)",
+    "logger": "logger=<name>",
+    "callbacks": "callbacks.<name>",
+    "plugins": "nothing (the run adds its checkpoint and cluster plugins)",
+}
+
+
+@dataclass
+class HardwareConf:
+    accelerator: Accelerator = Accelerator.auto  # type: ignore[attr-defined]
+    devices: Any = "auto"  # an integer or auto
+    num_nodes: int = 1
+    cpus_per_task: Any = "auto"  # an integer or auto
+    mem_gb: Any = "auto"  # a number or auto
+
+
+@dataclass
+class StrategyConf:
+    name: StrategyName = StrategyName.auto  # type: ignore[attr-defined]
+    find_unused_parameters: bool = False
+    timeout_s: int = 1800
+
+
+@dataclass
+class BatchConf:
+    global_size: int = 128
+    max_per_device: int | None = None
+    accumulation: Any = "auto"  # an integer or auto
+    reference_size: int | None = None
+    num_workers: Any = "auto"  # an integer or auto
+    pin_memory: Any = "auto"  # true, false or auto
+    drop_last: bool = True
+    eval_size: int = 1000
+
+
+@dataclass
+class OptimConf:
+    lr: float = 1.0e-3
+    lr_scaling: LrScaling = LrScaling.none  # type: ignore[attr-defined]
+    optimizer: Any = None  # a `_target_` spec, `_partial_: true`
+    scheduler: Any = None
+
+
+@dataclass
+class ModelConf:
+    net: Any = None  # a `_target_` spec of an nn.Module
+    sync_batchnorm: bool = False
+
+
+@dataclass
+class MNISTDataConf:
+    _target_: str = "hydralight.data.MNISTDataModule"
+    data_dir: str = "data"
+    loader: Loader = Loader.tensor  # type: ignore[attr-defined]
+    val_size: int = 5000
+    download: bool = True
+
+
+@dataclass
+class TrainerConf:
+    """Lightning Trainer arguments the user sets (the others are planned: see PLANNED)."""
+
+    precision: Precision = Precision["32-true"]  # type: ignore[misc]
+    max_epochs: int | None = None
+    min_epochs: int | None = None
+    max_steps: int = -1
+    min_steps: int | None = None
+    max_time: Any = None  # "DD:HH:MM:SS" or {hours: 1}
+    limit_train_batches: Any = None  # int: batches, float: fraction
+    limit_val_batches: Any = None
+    limit_test_batches: Any = None
+    limit_predict_batches: Any = None
+    overfit_batches: Any = 0.0
+    val_check_interval: Any = None
+    check_val_every_n_epoch: int | None = 1
+    num_sanity_val_steps: int | None = None
+    log_every_n_steps: int | None = None
+    enable_checkpointing: bool | None = None
+    enable_progress_bar: bool | None = None
+    enable_model_summary: bool | None = None
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str | None = None
+    deterministic: Any = None  # true, false or "warn"
+    benchmark: bool | None = None
+    inference_mode: bool = True
+    profiler: Any = None  # a name or a `_target_` spec
+    detect_anomaly: bool = False
+    barebones: bool = False
+    reload_dataloaders_every_n_epochs: int = 0
+    fast_dev_run: Any = False  # true or a number of batches
+    enable_autolog_hparams: bool = True
+    model_registry: str | None = None
+
+
+@dataclass
+class PathsConf:
+    root_dir: str = "."
+    output_dir: str = "."
+
+
+@dataclass
+class ClusterConf:
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    timeout_min: int = 60
+    signal_delay_s: int = 120
+    max_requeues: int = 3
+    sbatch: dict[str, Any] = field(default_factory=dict)
+    setup: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ObjectiveConf:
+    """What `main` returns to a sweeper: a validation metric, never a test one."""
+
+    metric: str = "val/acc"
+    direction: Direction = Direction.max  # type: ignore[attr-defined]
+
+
+@dataclass
+class TrainConf:
+    seed: int = 42
+    mode: Mode = Mode.train  # type: ignore[attr-defined]
+    ckpt_path: str | None = None
+    init_from: str | None = None
+    resume: str = "auto"  # auto, never or a run dir
+    plan: bool = False
+    objective: ObjectiveConf = field(default_factory=ObjectiveConf)
+    hardware: HardwareConf = field(default_factory=HardwareConf)
+    strategy: StrategyConf = field(default_factory=StrategyConf)
+    trainer: TrainerConf = field(default_factory=TrainerConf)
+    batch: BatchConf = field(default_factory=BatchConf)
+    optim: OptimConf = field(default_factory=OptimConf)
+    paths: PathsConf = field(default_factory=PathsConf)
+    cluster: ClusterConf = field(default_factory=ClusterConf)
+    # Groups whose options bring their own schema (`defaults: [schema]` in the option), or none.
+    model: Any = None
+    data: Any = None
+    logger: dict[str, Any] = field(default_factory=dict)
+    callbacks: dict[str, Any] = field(default_factory=dict)
+
+
+def register() -> None:
+    """Put the schemas where the config files name them (`defaults: [train_schema]`, `data: [schema]`)."""
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainConf)
+    store.store(group="model", name="schema", node=ModelConf)
+    store.store(group="data", name="mnist_schema", node=MNISTDataConf)
+
+
+def plain(cfg: DictConfig) -> DictConfig:
+    """The same config with choices as plain strings and no schema, interpolations kept."""
+    return OmegaConf.create(OmegaConf.to_container(cfg, enum_to_str=True))
+
+
+def explain(err: BaseException, overrides: list[str]) -> str:
+    """One line for a composition error: the key, the value and what is allowed."""
+    causes = []
+    while err is not None:
+        causes.append(err)
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    text = " ".join(str(c) for c in causes)
+    key_match = re.search(r"full_key: (\S+)", text)
+    key = key_match.group(1) if key_match else None
+    given = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if "=" in o}
+    where = f"{key}={given[key]}" if key in given else key
+    if m := re.search(r"Invalid value '(.*?)', expected one of \[(.*?)\]", text):
+        return f"{key}={m.group(1)} is not allowed; use one of {m.group(2)}"
+    if m := re.search(r"Value '(.*?)' (?:of type '\w+' )?could not be converted to (\w+)", text):
+        kind = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}.get(m.group(2), m.group(2))
+        return f"{key}={m.group(1)} is not {kind}; give {key} {kind}"
+    if m := re.search(r"Value '(.*?)' is not a valid bool", text):
+        return f"{key}={m.group(1)} is not true or false; give {key} true or false"
+    if re.search(r"Non optional field cannot be assigned None|field '[\w.]+' is not Optional", text):
+        return f"{key}=null is not allowed; give {key} a value"
+    if m := re.search(r"Key '(\w+)' not in '(\w+)'|Key '(\w+)' is not in struct", text):
+        name = key or m.group(1) or m.group(3)
+        short = name.split(".")[-1]
+        if name.startswith("trainer.") and short in PLANNED:
+            return f"trainer.{short} is set by the plan; set {PLANNED[short]} instead"
+        return f"{name} is not a config key; check the spelling (`--cfg job` prints the config)"
+    if m := re.search(r"Could not find '([\w/]+)/([^']+)'(?s:.*?)Available options in '[\w/]+':\n((?:\t.*\n?)*)", text):
+        options = ", ".join(o.strip() for o in m.group(3).split() if o.strip() and o.strip() != "schema")
+        group = m.group(1).split("/")[-1]
+        return f"{group}={m.group(2)} is not an option of {group}; use one of {options}"
+    first = next((line.strip() for line in str(causes[-1]).splitlines() if line.strip()), type(causes[-1]).__name__)
+    return f"{where}: {first}" if where else first
+
+
+# Command-line flags of Hydra that take a value, and those that change which config is composed.
+_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--experimental-rerun")
+_OTHER_CONFIG = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+
+
+def compose_jobs(config_dir: str, config_name: str, argv: list[str]) -> list[DictConfig]:
+    """Compose the config of the run, or of every job of a `-m` sweep, as Hydra will; a wrong type or
+    choice is a UserError naming the key, the value and what is allowed."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hydralight.errors import UserError
+
+    if any(arg.split("=", 1)[0] in _OTHER_CONFIG for arg in argv):
+        return []  # another config tree: Hydra checks it itself
+    overrides, skip = [], False
+    for arg in argv:
+        if skip or arg in _FLAGS_WITH_VALUE:
+            skip = not skip
+        elif not arg.startswith("-") and not arg.lstrip("+~").startswith("hydra"):
+            overrides.append(arg)
+    jobs = [overrides]
+    if "-m" in argv or "--multirun" in argv:
+        try:
+            parsed = OverridesParser.create().parse_overrides(overrides)
+            basic = not any(a.startswith("hydra/sweeper=") and a != "hydra/sweeper=basic" for a in argv)
+            if basic:
+                jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+            else:  # another sweeper draws its own values: check the config it starts from
+                jobs = [[o.input_line for o in parsed if not o.is_sweep_override()]]
+        except Exception as err:
+            raise UserError(f"cannot read the sweep: {explain(err, overrides)}") from None
+    configs = []
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        for number, job in enumerate(jobs):
+            try:
+                configs.append(compose(config_name=config_name, overrides=job))
+            except Exception as err:
+                prefix = f"sweep job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
+                raise UserError(prefix + explain(err, job)) from None
+    return configs

@@ -1,0 +1,96 @@
+"""The typed config: a wrong type or choice is refused when the config is composed, in one line, for a run,
+`--cfg job`, `plan=true` and every job of a sweep, before any run dir exists; `--cfg job` needs no torch."""
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, one_line, run_cli
+
+from hydralight.schema import compose_jobs
+from hydralight.train import CONFIG_DIR
+
+HELPERS = Path(__file__).parent / "helpers"
+
+# (override, what the one line must say): the key, the value and what is allowed.
+REJECTED = [
+    ("optim.lr=abc", "optim.lr=abc is not a number"),
+    ("seed=notanumber", "seed=notanumber is not an integer"),
+    ("mode=tain", "mode=tain is not allowed; use one of train, eval"),
+    ("optim.lr_scaling=cubic", "optim.lr_scaling=cubic is not allowed; use one of none, linear, sqrt"),
+    ("data.loader=pandas", "data.loader=pandas is not allowed; use one of tensor, torchvision"),
+    ("strategy.name=fsdp", "strategy.name=fsdp is not allowed; use one of auto, ddp, ddp_spawn"),
+    ("hardware.accelerator=tpu", "hardware.accelerator=tpu is not allowed; use one of auto, cpu, gpu, cuda"),
+    ("trainer.precision=bf17", "trainer.precision=bf17 is not allowed; use one of 32-true"),
+    ("objective.direction=up", "objective.direction=up is not allowed; use one of max, min"),
+    ("batch.global_size=1.5", "batch.global_size=1.5 is not an integer"),
+    ("batch.drop_last=maybe", "batch.drop_last=maybe is not true or false"),
+    ("trainer.max_epochs=two", "trainer.max_epochs=two is not an integer"),
+    ("cluster.timeout_min=1h", "cluster.timeout_min=1h is not an integer"),
+    ("model.sync_batchnorm=sure", "model.sync_batchnorm=sure is not true or false"),
+    ("mode=null", "mode=null is not allowed"),
+    ("hardware=tpu", "hardware=tpu is not an option of hardware; use one of 1gpu, 2x8gpu, 4gpu, 8gpu, auto, cpu"),
+    ("precision=fp8", "precision=fp8 is not an option of precision"),
+    ("trainer.accelerator=gpu", "trainer.accelerator is set by the plan; set hardware.accelerator instead"),
+    ("trainer.max_epoch=3", "trainer.max_epoch is not a config key"),
+]
+
+
+def no_run_dir_left(where: Path) -> None:
+    assert not where.exists() or not any(where.iterdir()), sorted(p.name for p in where.iterdir())
+
+
+@pytest.mark.parametrize("override,message", REJECTED, ids=[o for o, _ in REJECTED])
+def test_a_run_refuses_a_wrong_value_in_one_line(override, message, tmp_path):
+    run = tmp_path / "run"
+    line = one_line(run_cli([override], run))
+    assert message in line, line
+    no_run_dir_left(run)
+
+
+@pytest.mark.parametrize("override,message", REJECTED[:6], ids=[o for o, _ in REJECTED[:6]])
+def test_printing_and_planning_refuse_it_too(override, message, tmp_path):
+    for extra in (["--cfg", "job"], ["plan=true"]):
+        line = one_line(run_cli([override, *extra], tmp_path / "run"))
+        assert message in line, (extra, line)
+    no_run_dir_left(tmp_path / "run")
+
+
+@pytest.mark.parametrize("sweep", ["optim.lr=1e-3,abc", "mode=train,tain", "hardware=cpu,tpu"])
+def test_every_job_of_a_sweep_is_checked_before_any_runs(sweep, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    line = one_line(run_cli(["-m", sweep, "trainer.max_steps=1", f"hydra.sweep.dir={sweep_dir}"], tmp_path))
+    assert line.startswith("error: sweep job 1 (") and sweep.split("=")[0] in line, line
+    no_run_dir_left(sweep_dir)
+
+
+def test_a_good_config_composes_with_its_types():
+    (cfg,) = compose_jobs(CONFIG_DIR, "train", ["optim.lr=2e-3", "precision=bf16-mixed", "mode=eval"])
+    assert cfg.optim.lr == 2e-3 and cfg.trainer.precision == "bf16-mixed" and cfg.mode == "eval"
+    assert f"{cfg.trainer.precision}" == "bf16-mixed"  # choices print as their value
+    jobs = compose_jobs(CONFIG_DIR, "train", ["-m", "hardware=cpu,1gpu", "optim.lr=1e-3,2e-3"])
+    assert len(jobs) == 4 and {str(j.hardware.accelerator) for j in jobs} == {"cpu", "gpu"}
+
+
+def test_trainer_schema_covers_every_argument_the_user_may_set():
+    """Each Lightning Trainer argument is either typed in the trainer schema or set by the plan."""
+    import inspect
+
+    import pytorch_lightning as pl
+
+    from hydralight.schema import PLANNED, TrainerConf
+
+    lightning = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+    typed = set(TrainerConf.__dataclass_fields__)
+    assert lightning - typed - set(PLANNED) == set(), "new Trainer arguments: add them to TrainerConf"
+    assert typed - lightning == set(), "TrainerConf names arguments Lightning no longer has"
+
+
+def test_printing_the_config_imports_no_torch(tmp_path):
+    # A `torch` that refuses to import, first on the path: `--cfg job` and `plan=true` must not need it.
+    blocker = tmp_path / "blocker" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(blocker.parent), str(ROOT / "src")])}
+    result = run_cli(["--cfg", "job", "optim.lr=2e-3"], tmp_path / "run", **env)
+    assert result.returncode == 0 and "lr: 0.002" in result.stdout, result.stderr[-2000:]
