@@ -59,9 +59,7 @@ def framework_overhead(data_dir: str, steps: int, repeats: int) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     net_cfg = {"_target_": "hydralight.model.FastCNN", "channels": [24, 48], "hidden": 128}
     opt_cfg = {"_target_": "torch.optim.Adam", "_partial_": True}
-    dm = MNISTDataModule(
-        data_dir, global_batch_size=64, val_size=5000 if "smoke" not in data_dir else 100, download=False
-    )
+    dm = MNISTDataModule(data_dir, global_size=64, val_size=5000 if "smoke" not in data_dir else 100, download=False)
     dm.setup("fit")
 
     def lightning() -> float:
@@ -110,9 +108,7 @@ def data_path(data_dir: str, batches: int, repeats: int) -> dict:
 
     from hydralight.data import MEAN, STD, MNISTDataModule
 
-    dm = MNISTDataModule(
-        data_dir, global_batch_size=128, val_size=5000 if "smoke" not in data_dir else 100, download=False
-    )
+    dm = MNISTDataModule(data_dir, global_size=128, val_size=5000 if "smoke" not in data_dir else 100, download=False)
     dm.setup("fit")
 
     def fast() -> float:

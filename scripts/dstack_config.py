@@ -7,6 +7,7 @@ task come from the hardware profile they select.
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from hydra import compose, initialize_config_dir
 from hydralight.cloud import task_config, validate
 from hydralight.errors import UserError
 from hydralight.train import CONFIG_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def render(overrides: list[str], name: str | None = None, **options) -> str:
@@ -40,10 +43,12 @@ def main() -> int:
     parser.add_argument("--max-duration", default="6h")
     parser.add_argument("--volume", default="hydralight-runs", help="network volume for run dirs and checkpoints")
     args = parser.parse_args()
+    options = {"spot_policy": args.spot_policy, "max_duration": args.max_duration, "volume": args.volume}
+    if args.out:
+        # dstack resolves the repo path against the file's folder; the default assumes dstack/.
+        options["repo_path"] = Path(os.path.relpath(ROOT, args.out.resolve().parent)).as_posix()
     try:
-        text = render(
-            args.overrides, args.name, spot_policy=args.spot_policy, max_duration=args.max_duration, volume=args.volume
-        )
+        text = render(args.overrides, args.name, **options)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

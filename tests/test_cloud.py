@@ -20,6 +20,13 @@ SHIPPED = {
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
+def gpu_profiles() -> list[str]:
+    """Composed, not read from the file: a profile may take its accelerator from another (2x8gpu from 8gpu)."""
+    names = sorted(p.stem for p in (Path(CONFIG_DIR) / "hardware").glob("*.yaml"))
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        return [n for n in names if compose("train", overrides=[f"hardware={n}"]).hardware.accelerator == "gpu"]
+
+
 def dstack_parser():
     try:
         from dstack._internal.core.models.configurations import parse_run_configuration
@@ -45,6 +52,44 @@ def test_shipped_configuration_parses_and_matches_its_profile(name):
     assert parsed.spot_policy is not None and parsed.max_duration is not None
     assert parsed.resources.shm_size is not None
     assert type(parsed.env["WANDB_API_KEY"]).__name__ == "EnvSentinel"  # named, its value never written
+
+
+def shipped_repo_root(config: dict, config_dir: Path) -> Path:
+    """The folder `dstack apply -f` ships, resolved as dstack does it (relative to the file's folder)."""
+    parsed = dstack_parser()(config)
+    assert len(parsed.repos) == 1, "no repo: dstack would run the commands in an empty directory"
+    repo = parsed.repos[0]
+    assert repo.url is None and repo.local_path
+    # Checked out into the working directory, so `pip install -e .` and `train.py` find the project.
+    assert repo.path in (".", parsed.working_dir)
+    local = Path(repo.local_path).expanduser()
+    return local if local.is_absolute() else (config_dir / local).resolve()
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_configuration_ships_the_project(name):
+    root = shipped_repo_root(load(name), ROOT / "dstack")
+    assert root == ROOT and (root / "pyproject.toml").is_file()
+
+
+@pytest.mark.parametrize("hardware", gpu_profiles())
+def test_every_gpu_profile_ships_the_project(hardware):
+    from hydralight.cloud import task_config
+
+    overrides = [f"hardware={hardware}"]
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    config = yaml.safe_load(yaml.safe_dump(task_config(cfg, overrides, f"hydralight-{hardware}")))
+    assert shipped_repo_root(config, ROOT / "dstack") == ROOT
+
+
+def test_a_file_written_elsewhere_still_ships_the_project(tmp_path, monkeypatch):
+    from dstack_config import main
+
+    out = tmp_path / "runs" / "mine.dstack.yml"
+    monkeypatch.setattr(sys, "argv", ["dstack_config.py", "hardware=1gpu", "--out", str(out)])
+    assert main() == 0
+    assert shipped_repo_root(yaml.safe_load(out.read_text()), out.parent) == ROOT
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -10,7 +10,7 @@ from hydralight.errors import UserError
 
 
 def module(data_dir: Path, **kwargs) -> MNISTDataModule:
-    options = {"val_size": 100, "global_batch_size": 32, "eval_batch_size": 64, "download": False, **kwargs}
+    options = {"val_size": 100, "global_size": 32, "eval_size": 64, "download": False, **kwargs}
     return MNISTDataModule(str(data_dir), **options)
 
 

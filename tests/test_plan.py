@@ -27,9 +27,9 @@ def test_global_batch_is_invariant(profile, world, cap):
     plan = make_plan(config(*overrides), H100_BOX)
     task = plan.task
     assert plan.hardware.world_size == world
-    assert task.per_device_batch * world * task.accumulation == 256
+    assert task.per_device_size * world * task.accumulation == 256
     if cap:
-        assert task.per_device_batch <= cap
+        assert task.per_device_size <= cap
     else:
         assert task.accumulation == 1
 
@@ -51,7 +51,7 @@ def test_auto_hardware_follows_the_machine():
     gpu = make_plan(config(), H100_BOX)
     assert (gpu.hardware.accelerator, gpu.hardware.devices, gpu.framework.strategy) == ("gpu", 8, "ddp")
     cpu2 = make_plan(config("hardware=cpu", "hardware.devices=2"), CPU_BOX)
-    assert (cpu2.framework.strategy, cpu2.framework.backend, cpu2.hardware.cpus_per_process) == ("ddp", "gloo", 1)
+    assert (cpu2.framework.strategy, cpu2.framework.backend, cpu2.hardware.cpus_per_task) == ("ddp", "gloo", 1)
     single = make_plan(config("hardware=cpu"), CPU_BOX)
     assert (single.framework.strategy, single.framework.backend) == ("auto", None)
 
@@ -95,8 +95,7 @@ def test_machine_checks(overrides, machine, message):
         (["hardware=8gpu", "batch.global_size=4"], "smaller than the 8 processes"),
         (["batch.global_size=0"], "batch.global_size=0 must be a positive integer"),
         (["batch.global_size=-32"], "batch.global_size=-32 must be a positive integer"),
-        (["optim.lr=0"], "optim.lr=0 must be positive"),
-        (["optim.lr_scaling=cubic"], "not a rule"),
+        (["optim.lr=0"], "optim.lr=0.0 must be positive"),
         (["hardware=8gpu", "batch.global_size=20", "batch.max_per_device=2"], "cannot be split"),
     ],
 )
@@ -107,7 +106,7 @@ def test_bad_task_settings(overrides, message):
 
 def test_plan_table_lists_all_three_layers():
     text = make_plan(config("hardware=8gpu", "batch.global_size=512", "batch.max_per_device=32"), H100_BOX).table()
-    for expected in ("hardware", "framework", "task", "per_device_batch", "32", "accumulation", "nccl"):
+    for expected in ("hardware", "framework", "task", "per_device_size", "32", "accumulation", "nccl"):
         assert expected in text
 
 
@@ -127,3 +126,60 @@ def test_printing_the_config_refuses_a_wrong_value_too(tmp_path):
 
     assert "optim.lr=abc is not a number" in one_line(run_cli(["--cfg", "job", "optim.lr=abc"], tmp_path / "run"))
     assert run_cli(["--cfg", "job", "optim.lr=0.1"], tmp_path / "run").returncode == 0
+
+
+def test_every_plan_field_reaches_a_consumer():
+    """The consumer mappings live on the Plan; a field none of them reads is a field some consumer misses."""
+    from dataclasses import fields, replace
+
+    from hydralight.plan import DERIVED, Plan, apply_plan
+
+    read: set[str] = set()
+
+    class Spy:
+        def __init__(self, layer, name):
+            self._layer, self._name = layer, name
+
+        def __getattr__(self, key):
+            read.add(f"{self._name}.{key}")
+            return getattr(self._layer, key)
+
+    plan = make_plan(config("hardware=4gpu", "strategy=ddp", "batch.num_workers=2"), H100_BOX)
+    spy = replace(plan)
+    for layer in fields(Plan):
+        object.__setattr__(spy, layer.name, Spy(getattr(plan, layer.name), layer.name))
+    spy.trainer_kwargs(), spy.data_kwargs(), spy.model_kwargs(), spy.strategy_kwargs()
+    spy.slurm_resources(), spy.dstack_resources(16)
+    apply_plan(spy, seed=0)
+    every = {f"{layer.name}.{f.name}" for layer in fields(Plan) for f in fields(getattr(plan, layer.name))}
+    assert every - read - set(DERIVED) == set(), "plan fields that no consumer reads"
+    assert read & set(DERIVED) == set(), "a DERIVED field is read by a consumer: remove it from DERIVED"
+
+
+@pytest.mark.parametrize(
+    "profile,resources",
+    [
+        ("1gpu", {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 1, "cpus_per_task": 8, "mem_gb": 64}),
+        ("4gpu", {"nodes": 1, "tasks_per_node": 4, "gpus_per_node": 4, "cpus_per_task": 8, "mem_gb": 256}),
+        ("2x8gpu", {"nodes": 2, "tasks_per_node": 8, "gpus_per_node": 8, "cpus_per_task": 12, "mem_gb": 512}),
+    ],
+)
+def test_a_job_elsewhere_is_sized_by_its_profile_alone(profile, resources):
+    from hydralight.plan import plan_elsewhere
+
+    assert plan_elsewhere(config(f"hardware={profile}")).slurm_resources() == resources
+
+
+@pytest.mark.parametrize(
+    "overrides,fields",
+    [
+        (["hardware=auto"], "hardware.accelerator, hardware.devices, hardware.cpus_per_task, hardware.mem_gb"),
+        (["hardware=cpu", "hardware.devices=2"], "hardware.cpus_per_task, hardware.mem_gb"),
+        (["hardware=1gpu", "hardware.mem_gb=auto"], "hardware.mem_gb cannot be auto"),
+    ],
+)
+def test_a_job_elsewhere_refuses_auto_naming_the_field(overrides, fields):
+    from hydralight.plan import plan_elsewhere
+
+    with pytest.raises(UserError, match=fields):
+        plan_elsewhere(config(*overrides))

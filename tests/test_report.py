@@ -46,8 +46,8 @@ def test_report_table_and_plots(sweep, tmp_path):
         assert float(row["test/acc"]) == pytest.approx(results["test/acc"], abs=1e-4)
         assert int(row["epochs"]) == 2
         assert "batch.global_size=" in row["overrides"] and "optim.lr=" in row["overrides"]
-    accs = [float(r["test/acc"]) for r in rows]
-    assert accs == sorted(accs, reverse=True)
+    accs = [float(r["best val/acc"]) for r in rows]
+    assert accs == sorted(accs, reverse=True)  # chosen on validation, never on test
     for name in ("heatmap.png", "curves.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"

@@ -34,9 +34,11 @@ def cluster() -> None:
         pytest.skip(reason)
 
 
-def sweep(args: list[str], sweep_dir: Path, data: Path, wait: bool = True, **env: str):
+def sweep(args: list[str], sweep_dir: Path, data: Path, wait: bool = True, sized: bool = True, **env: str):
     environ = {**os.environ, "DATA_DIR": str(data), "PYTHONPATH": str(HELPERS), **env}
-    command = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm", "cluster=local", *args,
+    # A SLURM job names every resource: CPUs and memory that fit the local cluster, unless the profile's are wanted.
+    fit = ["hardware.cpus_per_task=1", "hardware.mem_gb=1"] if sized else []
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm", "cluster=local", *fit, *args,
                f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
     proc = subprocess.Popen(command, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if not wait:
@@ -97,12 +99,52 @@ def test_sweep_of_two_ddp_jobs(cluster, tiny_data, tmp_path):
     ],
 )
 def test_sbatch_script_follows_the_hardware_profile(hardware, expected, tiny_data, tmp_path):
-    code, output = sweep([f"hardware={hardware}", "hydra.launcher.dry_run=true"], tmp_path / "sweep", tiny_data)
+    args = [f"hardware={hardware}", "hydra.launcher.dry_run=true"]
+    code, output = sweep(args, tmp_path / "sweep", tiny_data, sized=False)
     assert code == 0, output
     script = (tmp_path / "sweep" / "sbatch" / "job0.sh").read_text()
     for line in expected:
         assert f"#SBATCH {line}\n" in script, script
     assert "#SBATCH --partition=debug" in script and "#SBATCH --signal=USR2@60" in script
+
+
+def sbatch_lines(script: Path) -> set[str]:
+    return {line for line in script.read_text().splitlines() if line.startswith("#SBATCH --")}
+
+
+def test_a_hardware_sweep_sizes_each_job_with_no_slurm_on_the_path(tiny_data, tmp_path):
+    # Only the interpreter: no sbatch, srun or squeue on the submitting host.
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python").symlink_to(sys.executable)
+    args = ["hardware=1gpu,4gpu", "hydra.launcher.dry_run=true"]
+    code, output = sweep(args, tmp_path / "sweep", tiny_data, sized=False, PATH=str(bare))
+    assert code == 0, output
+    one, four = (sbatch_lines(tmp_path / "sweep" / "sbatch" / f"job{i}.sh") for i in (0, 1))
+    assert {"--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=8", "--mem=64GB"} <= {
+        line.removeprefix("#SBATCH ") for line in one
+    }
+    assert {"--ntasks-per-node=4", "--gpus-per-node=4", "--cpus-per-task=8", "--mem=256GB"} <= {
+        line.removeprefix("#SBATCH ") for line in four
+    }
+
+
+def test_a_cluster_job_left_at_auto_is_refused_naming_the_field(tiny_data, tmp_path):
+    args = ["hardware=cpu", "hardware.devices=1,2", "hydra.launcher.dry_run=true"]
+    code, output = sweep(args, tmp_path / "sweep", tiny_data, sized=False)
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in output, output
+    assert "hardware.cpus_per_task, hardware.mem_gb cannot be auto" in errors[0]
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_sweep_over_process_counts_runs_each_job_with_its_own_request(cluster, tiny_data, tmp_path):
+    code, output = sweep([*TINY, "hardware.devices=1,2"], tmp_path / "sweep", tiny_data)
+    assert code == 0, output
+    one, two = job_ids(output)
+    assert one != two  # different requests: separate submissions
+    assert [len(ranks(tmp_path / "sweep" / str(i))) for i in (0, 1)] == [1, 2]
+    assert "cpu=1," in sacct(one, "AllocTRES")[0] and "cpu=2," in sacct(two, "AllocTRES")[0]
 
 
 def test_gpu_request_is_accepted_by_slurm(cluster, tiny_data, tmp_path):

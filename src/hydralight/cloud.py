@@ -13,12 +13,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from hydralight.errors import UserError
-from hydralight.plan import Machine, make_plan
+from hydralight.plan import plan_elsewhere
 
 # Where checkpoints and run dirs live on the cloud machine: a network volume, so a spot interruption
 # and the retry that follows find last.ckpt again (resume=auto).
 RUNS_PATH = "/runs"
 DEFAULT_PYTHON = "3.11"
+# The project root seen from dstack/: dstack resolves a relative repos[].local_path against the file's folder.
+REPO_FROM_CONFIG_DIR = ".."
 
 
 def task_config(
@@ -29,9 +31,13 @@ def task_config(
     spot_policy: str = "auto",
     max_duration: str = "6h",
     shm_size_gb: int = 16,
+    repo_path: str = REPO_FROM_CONFIG_DIR,
 ) -> dict[str, Any]:
-    """The dstack `type: task` configuration that runs `train.py` with `overrides` on the planned hardware."""
-    plan = make_plan(cfg, Machine())
+    """The dstack `type: task` configuration that runs `train.py` with `overrides` on the planned hardware.
+
+    `repo_path` is the project root relative to the folder the configuration file is written to.
+    """
+    plan = plan_elsewhere(cfg)
     hw = plan.hardware
     if hw.accelerator != "gpu":
         raise UserError("dstack configurations are for GPU profiles; pick hardware=1gpu, 4gpu, 8gpu or 2x8gpu")
@@ -49,14 +55,11 @@ def task_config(
         "type": "task",
         "name": name,
         "python": DEFAULT_PYTHON,
+        # Without a repo the task starts in an empty directory; path "." checks it out where the commands run.
+        "repos": [{"local_path": repo_path, "path": "."}],
         "env": ["WANDB_API_KEY", "DATA_DIR=/data"],
         "commands": ["pip install -e .", launch],
-        "resources": {
-            "gpu": hw.devices,
-            "cpu": f"{hw.cpus_per_process * hw.devices}..",
-            "memory": f"{int(hw.memory_gb)}GB.." if hw.memory_gb else "32GB..",
-            "shm_size": f"{shm_size_gb}GB",
-        },
+        "resources": plan.dstack_resources(shm_size_gb),
         # Multi-node: one volume per node (rank 0's holds the checkpoints); dstack mounts one of the list.
         "volumes": [
             {"name": volume if hw.num_nodes == 1 else [f"{volume}-{i}" for i in range(hw.num_nodes)], "path": RUNS_PATH}

@@ -131,11 +131,12 @@ class MNISTDataModule(pl.LightningDataModule):
         loader: str = "tensor",
         val_size: int = 5000,
         download: bool = True,
-        global_batch_size: int = 128,
+        global_size: int = 128,
         accumulation: int = 1,
-        eval_batch_size: int = 1000,
+        eval_size: int = 1000,
         num_workers: int = 0,
         pin_memory: bool = False,
+        persistent_workers: bool = False,
         drop_last: bool = True,
         seed: int = 0,
     ) -> None:
@@ -146,11 +147,12 @@ class MNISTDataModule(pl.LightningDataModule):
         self.loader = loader
         self.val_size = val_size
         self.download = download
-        self.global_batch_size = global_batch_size
+        self.global_size = global_size
         self.accumulation = accumulation
-        self.eval_batch_size = eval_batch_size
+        self.eval_size = eval_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
         self.drop_last = drop_last
         self.seed = seed
         self.splits: dict[str, Dataset] = {}
@@ -208,10 +210,10 @@ class MNISTDataModule(pl.LightningDataModule):
         if not 0 < self.val_size < n_train:
             raise UserError(f"data.val_size={self.val_size} must be between 1 and {n_train - 1}")
         left = n_train - self.val_size
-        if self.drop_last and left < self.global_batch_size:
+        if self.drop_last and left < self.global_size:
             raise UserError(
                 f"data.val_size={self.val_size} leaves {left} training samples, fewer than one global batch "
-                f"(batch.global_size={self.global_batch_size}); lower data.val_size or batch.global_size"
+                f"(batch.global_size={self.global_size}); lower data.val_size or batch.global_size"
             )
 
     def setup(self, stage: str | None = None) -> None:
@@ -258,7 +260,7 @@ class MNISTDataModule(pl.LightningDataModule):
             batch_sampler=batch_sampler,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
+            persistent_workers=self.persistent_workers and self.num_workers > 0,
             **extra,
         )
 
@@ -269,7 +271,7 @@ class MNISTDataModule(pl.LightningDataModule):
         rank, world = self._rank_world()
         sampler = GlobalBatchSampler(
             len(self.splits["train"]),
-            self.global_batch_size,
+            self.global_size,
             accumulation=self.accumulation,
             rank=rank,
             world_size=world,
@@ -280,9 +282,7 @@ class MNISTDataModule(pl.LightningDataModule):
 
     def _eval_loader(self, split: str) -> DataLoader:
         rank, world = self._rank_world()
-        return self._loader(
-            self.splits[split], ShardSampler(len(self.splits[split]), self.eval_batch_size, rank, world)
-        )
+        return self._loader(self.splits[split], ShardSampler(len(self.splits[split]), self.eval_size, rank, world))
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")

@@ -15,12 +15,10 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from omegaconf import DictConfig
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.strategies import DDPStrategy, Strategy
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
@@ -89,17 +87,12 @@ class SpawnDDPStrategy(DDPStrategy):
             dist.destroy_process_group()
 
 
-def build_strategy(cfg: DictConfig, plan: Plan, config_file: Path) -> str | Strategy:
+def build_strategy(plan: Plan, config_file: Path) -> str | Strategy:
     """The Lightning strategy for the plan; `config_file` is the job's saved, resolved config."""
-    name = plan.framework.strategy
-    if name == "auto":
+    options = plan.strategy_kwargs()
+    if options is None:
         return "auto"
-    options = {
-        "process_group_backend": plan.framework.backend,
-        "find_unused_parameters": bool(cfg.strategy.get("find_unused_parameters", False)),
-        "timeout": timedelta(seconds=int(cfg.strategy.get("timeout_s", 1800))),
-    }
-    if name == "ddp_spawn":
+    if plan.framework.strategy == "ddp_spawn":
         return SpawnDDPStrategy(start_method="spawn", **options)
     return JobDDPStrategy(config_file=config_file, **options)
 

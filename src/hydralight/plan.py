@@ -10,16 +10,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from omegaconf import DictConfig
 
 from hydralight.errors import UserError
-from hydralight.launchers import external_launcher
-
-PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
-STRATEGIES = ("auto", "ddp", "ddp_spawn")
-LR_SCALING = ("none", "linear", "sqrt")
+from hydralight.run_dir import external_launcher
+from hydralight.schema import LR_SCALING, PRECISIONS, STRATEGIES, plain
 
 
 @dataclass(frozen=True)
@@ -58,8 +56,8 @@ class HardwarePlan:
     devices: int  # processes (devices) per node
     num_nodes: int
     world_size: int
-    cpus_per_process: int
-    memory_gb: float  # host memory per node
+    cpus_per_task: int
+    mem_gb: float  # host memory per node
     gpus_per_node: int
 
 
@@ -70,25 +68,35 @@ class FrameworkPlan:
     precision: str
     matmul_precision: str | None  # torch.set_float32_matmul_precision, on GPUs with TF32
     sync_batchnorm: bool = False  # BatchNorm statistics over all ranks (CUDA only in torch)
+    find_unused_parameters: bool = False
+    timeout_s: int = 1800  # collective operations give up after this long
     env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class TaskPlan:
-    global_batch: int
-    per_device_batch: int
+    global_size: int
+    per_device_size: int
     accumulation: int
-    eval_batch: int
+    eval_size: int
     base_lr: float
     lr_scaling: str
     lr: float
     num_workers: int
     pin_memory: bool
     persistent_workers: bool
+    drop_last: bool
+
+
+# Plan fields no consumer reads directly: shown in the plan table, the consumers read what follows from them.
+DERIVED = ("hardware.world_size", "task.per_device_size", "task.base_lr", "task.lr_scaling")
 
 
 @dataclass(frozen=True)
 class Plan:
+    """Everything the run's consumers get from the config and the machine, through the methods below only:
+    the Trainer, the data module, the model, the DDP strategy, the SLURM request and the dstack request."""
+
     hardware: HardwarePlan
     framework: FrameworkPlan
     task: TaskPlan
@@ -111,12 +119,53 @@ class Plan:
 
     def data_kwargs(self) -> dict[str, Any]:
         """The data module arguments this plan decides."""
+        task = self.task
         return {
-            "global_batch_size": self.task.global_batch,
-            "accumulation": self.task.accumulation,
-            "eval_batch_size": self.task.eval_batch,
-            "num_workers": self.task.num_workers,
-            "pin_memory": self.task.pin_memory,
+            "global_size": task.global_size,
+            "accumulation": task.accumulation,
+            "eval_size": task.eval_size,
+            "num_workers": task.num_workers,
+            "pin_memory": task.pin_memory,
+            "persistent_workers": task.persistent_workers,
+            "drop_last": task.drop_last,
+        }
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """The model's arguments this plan decides: the learning rate after batch-size scaling."""
+        return {"lr": self.task.lr}
+
+    def strategy_kwargs(self) -> dict[str, Any] | None:
+        """The DDP strategy's arguments; None for a single process."""
+        fw = self.framework
+        if fw.strategy == "auto":
+            return None
+        return {
+            "process_group_backend": fw.backend,
+            "find_unused_parameters": fw.find_unused_parameters,
+            "timeout": timedelta(seconds=fw.timeout_s),
+        }
+
+    def slurm_resources(self, one_task: bool = False) -> dict[str, Any]:
+        """The launcher's resource request of one job (sbatch --nodes, --ntasks-per-node, --gpus-per-node,
+        --cpus-per-task, --mem). `one_task`: a single process that starts the other ranks itself."""
+        hw = self.hardware
+        tasks = 1 if one_task else hw.devices
+        return {
+            "nodes": hw.num_nodes,
+            "tasks_per_node": tasks,
+            "gpus_per_node": hw.gpus_per_node or None,
+            "cpus_per_task": hw.cpus_per_task * hw.devices // tasks,
+            "mem_gb": math.ceil(hw.mem_gb) or None,
+        }
+
+    def dstack_resources(self, shm_size_gb: int) -> dict[str, Any]:
+        """dstack's `resources:` of one node: at least what the plan asks for."""
+        hw = self.hardware
+        return {
+            "gpu": hw.gpus_per_node,
+            "cpu": f"{hw.cpus_per_task * hw.devices}..",
+            "memory": f"{math.ceil(hw.mem_gb)}GB..",
+            "shm_size": f"{shm_size_gb}GB",
         }
 
     def rows(self) -> list[tuple[str, str, str]]:
@@ -168,14 +217,17 @@ def _hardware(hw: DictConfig, machine: Machine) -> HardwarePlan:
         cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or max(1, machine.cpu_cores // devices)
     cpus = _positive_int(cpus, "hardware.cpus_per_task")
     memory = hw.get("mem_gb", "auto")
-    memory = machine.memory_gb if memory == "auto" else float(memory)
+    if memory == "auto":
+        memory = machine.memory_gb
+    elif isinstance(memory, bool) or not isinstance(memory, int | float) or memory <= 0:
+        raise UserError(f"hardware.mem_gb={memory} must be auto or a positive number of GB")
     return HardwarePlan(
         accelerator=accelerator,
         devices=devices,
         num_nodes=num_nodes,
         world_size=devices * num_nodes,
-        cpus_per_process=cpus,
-        memory_gb=memory,
+        cpus_per_task=cpus,
+        mem_gb=float(memory),
         gpus_per_node=devices if accelerator == "gpu" else 0,
     )
 
@@ -202,11 +254,13 @@ def _framework(cfg: DictConfig, hw: HardwarePlan, machine: Machine) -> Framework
         # from a machine without GPUs assumes a current GPU.
         matmul_precision="high" if gpu and (machine.tf32 or machine.gpus == 0) else None,
         sync_batchnorm=bool(cfg.model.get("sync_batchnorm", False)) and hw.world_size > 1,
+        find_unused_parameters=bool(cfg.strategy.get("find_unused_parameters", False)),
+        timeout_s=_positive_int(cfg.strategy.get("timeout_s", 1800), "strategy.timeout_s"),
         env=env,
     )
 
 
-def _accumulation(batch: DictConfig, global_batch: int, world: int) -> int:
+def _accumulation(batch: DictConfig, global_size: int, world: int) -> int:
     requested = batch.get("accumulation", "auto")
     cap = batch.get("max_per_device")
     if requested != "auto":
@@ -215,31 +269,31 @@ def _accumulation(batch: DictConfig, global_batch: int, world: int) -> int:
         return 1
     cap = _positive_int(cap, "batch.max_per_device")
     # Smallest accumulation that splits the global batch evenly with no device above the cap.
-    for accumulation in range(max(1, math.ceil(global_batch / (world * cap))), global_batch // world + 1):
-        if global_batch % (world * accumulation) == 0 and global_batch // (world * accumulation) <= cap:
+    for accumulation in range(max(1, math.ceil(global_size / (world * cap))), global_size // world + 1):
+        if global_size % (world * accumulation) == 0 and global_size // (world * accumulation) <= cap:
             return accumulation
     raise UserError(
-        f"batch.global_size={global_batch} cannot be split over {world} processes with at most "
+        f"batch.global_size={global_size} cannot be split over {world} processes with at most "
         f"batch.max_per_device={cap} each; use a global size that is a multiple of {world}"
     )
 
 
 def _task(cfg: DictConfig, hw: HardwarePlan) -> TaskPlan:
     batch, optim = cfg.batch, cfg.optim
-    global_batch = _positive_int(batch.global_size, "batch.global_size")
+    global_size = _positive_int(batch.global_size, "batch.global_size")
     world = hw.world_size
-    if global_batch < world:
+    if global_size < world:
         raise UserError(
-            f"batch.global_size={global_batch} is smaller than the {world} processes of this hardware; "
+            f"batch.global_size={global_size} is smaller than the {world} processes of this hardware; "
             f"use batch.global_size>={world}"
         )
-    accumulation = _accumulation(batch, global_batch, world)
-    if global_batch % (world * accumulation):
+    accumulation = _accumulation(batch, global_size, world)
+    if global_size % (world * accumulation):
         raise UserError(
-            f"batch.global_size={global_batch} is not divisible by world size {world} x accumulation "
+            f"batch.global_size={global_size} is not divisible by world size {world} x accumulation "
             f"{accumulation}; use a multiple of {world * accumulation}"
         )
-    eval_batch = _positive_int(batch.get("eval_size", 1000), "batch.eval_size")
+    eval_size = _positive_int(batch.get("eval_size", 1000), "batch.eval_size")
     try:
         base_lr = float(optim.lr)
     except (TypeError, ValueError):
@@ -249,39 +303,58 @@ def _task(cfg: DictConfig, hw: HardwarePlan) -> TaskPlan:
     scaling = optim.get("lr_scaling", "none")
     if scaling not in LR_SCALING:
         raise UserError(f"optim.lr_scaling={scaling} is not a rule; use none, linear or sqrt")
-    reference = _positive_int(batch.get("reference_size", global_batch), "batch.reference_size")
-    ratio = global_batch / reference
+    reference = _positive_int(batch.get("reference_size") or global_size, "batch.reference_size")
+    ratio = global_size / reference
     lr = base_lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[scaling]
     tensor_loader = cfg.get("data", {}).get("loader", "tensor") == "tensor"
     workers = batch.get("num_workers", "auto")
     if workers == "auto":
         # The tensor loader needs none; otherwise leave one core of the process for the training loop.
-        workers = 0 if tensor_loader else min(8, hw.cpus_per_process - 1)
+        workers = 0 if tensor_loader else min(8, hw.cpus_per_task - 1)
     elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise UserError(f"batch.num_workers={workers} must be auto or an integer >= 0")
     pin = batch.get("pin_memory", "auto")
     # Pinning helps host-to-GPU copies only; the tensor loader's data already lives on the device.
     pin = hw.accelerator == "gpu" and not tensor_loader and (pin is True or pin == "auto")
     return TaskPlan(
-        global_batch=global_batch,
-        per_device_batch=global_batch // (world * accumulation),
+        global_size=global_size,
+        per_device_size=global_size // (world * accumulation),
         accumulation=accumulation,
-        eval_batch=eval_batch,
+        eval_size=eval_size,
         base_lr=base_lr,
         lr_scaling=scaling,
         lr=lr,
         num_workers=workers,
         pin_memory=pin,
         persistent_workers=workers > 0,
+        drop_last=bool(batch.get("drop_last", True)),
     )
 
 
 def make_plan(cfg: DictConfig, machine: Machine) -> Plan:
     """Resolve the three layers from a composed config; `auto` values are read off `machine`."""
+    cfg = plain(cfg)
     if isinstance(cfg.get("seed"), bool) or not isinstance(cfg.get("seed"), int):
         raise UserError(f"seed={cfg.get('seed')} is not an integer; use e.g. seed=42")
     hw = _hardware(cfg.hardware, machine)
     return Plan(hardware=hw, framework=_framework(cfg, hw, machine), task=_task(cfg, hw))
+
+
+# Hardware fields a job that runs on another machine must name: this machine cannot answer for them.
+ELSEWHERE_FIELDS = ("accelerator", "devices", "cpus_per_task", "mem_gb")
+
+
+def plan_elsewhere(cfg: DictConfig) -> Plan:
+    """The plan of a job that runs on another machine (a SLURM node, a cloud instance): every resource
+    comes from the config, none is read off the submitting machine."""
+    hw = cfg.hardware
+    auto = [f"hardware.{key}" for key in ELSEWHERE_FIELDS if hw.get(key, "auto") in ("auto", -1)]
+    if auto:
+        raise UserError(
+            f"{', '.join(auto)} cannot be auto for a job that runs on another machine; pick a profile such as "
+            f"hardware=1gpu or hardware=8gpu, or set {'=..., '.join(auto)}=..."
+        )
+    return make_plan(cfg, Machine())
 
 
 def check_plan(plan: Plan, machine: Machine) -> None:

@@ -149,7 +149,8 @@ def swept_keys(jobs: list[Job]) -> list[str]:
 
 
 def _sort_key(job: Job) -> tuple:
-    metric = job.test_acc if job.test_acc is not None else job.best_val_acc
+    # Ranked on validation, as a sweeper would pick; the test accuracy is shown, never used to choose.
+    metric = job.best_val_acc if job.best_val_acc is not None else job.test_acc
     return (metric is None, -(metric or 0.0), job.name)
 
 
@@ -171,7 +172,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Any]
     lines = [
         f"# Sweep report: {sweep_dir.name}",
         "",
-        f"{len(done)} of {len(jobs)} jobs finished, sorted by test/acc.",
+        f"{len(done)} of {len(jobs)} jobs finished, sorted by best val/acc (test/acc is reported, not used to choose).",
         "",
     ]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]

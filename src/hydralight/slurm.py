@@ -25,6 +25,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, LocalQue
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydralight.errors import UserError, exit_on_user_error
+from hydralight.run_record import discard_unused_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -47,33 +48,35 @@ class HydralightLocalConf(LocalQueueConf):
     dry_run: bool = False
 
 
-def job_resources(cfg: DictConfig, one_task: bool = False) -> dict[str, Any]:
-    """Launcher resources of one job, from its plan (planned for the cluster, not this machine)."""
-    from hydralight.plan import Machine, make_plan
+def job_resources(cfg: DictConfig, executor: str) -> dict[str, Any]:
+    """Launcher resources of one job, from that job's own plan: for SLURM planned from the profile alone,
+    for local jobs on this machine (one process per job; Lightning starts the other ranks itself)."""
+    from hydralight.plan import Machine, make_plan, plan_elsewhere
 
-    hardware = cfg.hardware
-    if hardware.accelerator == "auto" or hardware.devices in ("auto", -1):
+    if executor == "slurm":
+        return plan_elsewhere(cfg).slurm_resources()
+    plan = make_plan(cfg, Machine.detect())
+    if plan.hardware.num_nodes > 1:
         raise UserError(
-            "hardware=auto cannot size a cluster job from the submitting machine; "
-            "pick a profile such as hardware=1gpu, hardware=4gpu, hardware=8gpu or hardware=cpu hardware.devices=N"
+            f"hardware.num_nodes={plan.hardware.num_nodes} cannot run with hydra/launcher=local; use hydra/launcher=slurm"
         )
-    plan = make_plan(cfg, Machine())
-    hw = plan.hardware
-    if one_task:
-        # Local jobs: one process per job; Lightning starts the other ranks itself.
-        if hw.num_nodes > 1:
-            raise UserError(
-                f"hardware.num_nodes={hw.num_nodes} cannot run with hydra/launcher=local; use hydra/launcher=slurm"
-            )
-        return {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": hw.gpus_per_node or None,
-                "cpus_per_task": hw.cpus_per_process * hw.devices, "mem_gb": int(hw.memory_gb) or None}  # fmt: skip
-    return {
-        "nodes": hw.num_nodes,
-        "tasks_per_node": hw.devices,
-        "gpus_per_node": hw.gpus_per_node or None,
-        "cpus_per_task": hw.cpus_per_process,
-        "mem_gb": int(hw.memory_gb) or None,
-    }
+    return plan.slurm_resources(one_task=True)
+
+
+def script_writer(folder: str, executor: str, max_num_timeout: int) -> Any:
+    """submitit's executor of that kind, made to write job scripts only (the SLURM one would otherwise look
+    for `srun` on this host)."""
+    import submitit
+
+    if executor != "slurm":
+        return submitit.LocalExecutor(folder)
+
+    class ScriptWriter(submitit.SlurmExecutor):
+        @classmethod
+        def affinity(cls) -> int:
+            return 1
+
+    return ScriptWriter(folder, max_num_timeout=max_num_timeout)
 
 
 def sbatch_refusal(err: BaseException) -> str:
@@ -130,15 +133,12 @@ class PlannedLauncherMixin:
             params["setup"] = list(self.config.get("cluster", {}).get("setup") or []) or None
         dry_run = params.pop("dry_run", False)
         folder = params.pop("submitit_folder")
-        init = {f"{self._EXECUTOR}_max_num_timeout": params.pop("max_num_timeout", 0)}
-        executor = submitit.AutoExecutor(folder=folder, cluster=self._EXECUTOR, **init)
+        max_num_timeout = params.pop("max_num_timeout", 0)
+        init = {f"{self._EXECUTOR}_max_num_timeout": max_num_timeout}
+        # A dry run only writes scripts: it needs no SLURM binaries on this host.
+        executor = None if dry_run else submitit.AutoExecutor(folder=folder, cluster=self._EXECUTOR, **init)
         generic = set(OmegaConf.structured(BaseQueueConf).keys())
         base = {k if k in generic else f"{self._EXECUTOR}_{k}": v for k, v in params.items() if k not in RESOURCE_KEYS}
-
-        one_task = self._EXECUTOR == "local"
-        self._check_no_resource_overrides(params, job_resources(self.config, one_task))
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
 
         # Group jobs by what they ask for: one array submission per distinct request.
         groups: dict[tuple, list[int]] = defaultdict(list)
@@ -146,13 +146,25 @@ class PlannedLauncherMixin:
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
             job_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            resources = job_resources(job_cfg, one_task)
+            try:
+                resources = job_resources(job_cfg, self._EXECUTOR)
+                self._check_no_resource_overrides(params, resources)
+            except UserError as err:
+                discard_unused_run_dir(Path(str(self.config.hydra.sweep.dir)))  # Hydra's multirun.yaml only
+                prefix = (
+                    f"sweep job {idx} ({' '.join(filter_overrides(overrides))}): " if len(job_overrides) > 1 else ""
+                )
+                raise UserError(prefix + str(err)) from None
             groups[tuple(sorted(resources.items()))].append(i)
             arguments.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
 
+        # Every job is sized (or refused) before the sweep dir exists.
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
         if dry_run:
-            return self._write_scripts(executor, base, groups, sweep_dir, initial_job_idx)
+            writer = script_writer(folder, self._EXECUTOR, max_num_timeout)
+            return self._write_scripts(writer, base, groups, sweep_dir, initial_job_idx)
         jobs: list[Any] = [None] * len(arguments)
         for resources, indices in groups.items():
             executor.update_parameters(**base, **dict(resources))
@@ -201,11 +213,14 @@ class PlannedLauncherMixin:
     def _write_scripts(self, executor: Any, base: dict, groups: dict, sweep_dir: Path, first: int) -> list:
         scripts = sweep_dir / "sbatch"
         scripts.mkdir(parents=True, exist_ok=True)
+        prefix = f"{self._EXECUTOR}_"
         for resources, indices in groups.items():
-            executor.update_parameters(**base, **dict(resources))
-            text = executor._executor._make_submission_file_text(
-                "python -u -m submitit.core._submit <folder>", "dry-run"
-            )
+            # What AutoExecutor.update_parameters does: generic names converted, ours with the prefix taken off.
+            asked = {**base, **dict(resources)}
+            params = executor._convert_parameters({k: v for k, v in asked.items() if not k.startswith(prefix)})
+            params.update({k.removeprefix(prefix): v for k, v in asked.items() if k.startswith(prefix)})
+            executor._internal_update_parameters(**params)
+            text = executor._make_submission_file_text("python -u -m submitit.core._submit <folder>", "dry-run")
             for i in indices:
                 path = scripts / f"job{first + i}.sh"
                 path.write_text(text)
