@@ -216,7 +216,7 @@ class PlannedLauncherMixin:
         prefix = f"{self._EXECUTOR}_"
         for resources, indices in groups.items():
             # What AutoExecutor.update_parameters does: generic names converted, ours with the prefix taken off.
-            asked = {**base, **dict(resources)}
+            asked = {k: v for k, v in {**base, **dict(resources)}.items() if v is not None}
             params = executor._convert_parameters({k: v for k, v in asked.items() if not k.startswith(prefix)})
             params.update({k.removeprefix(prefix): v for k, v in asked.items() if k.startswith(prefix)})
             executor._internal_update_parameters(**params)

@@ -1,0 +1,1376 @@
+"""Private and internal library APIs the project relies on, each checked the way the project uses it.
+
+pytorch-lightning, hydra-core, hydra-submitit-launcher and submitit (and a few torch, torchmetrics and dstack
+details) move such APIs between releases without a deprecation period. Every test below exercises one hook
+and fails with a message naming the library version, the hook and the project file that depends on it, so an
+upgrade that breaks one says where to look. Only the libraries are imported: the project's modules may move.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import inspect
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf, open_dict
+from pytorch_lightning.loggers import Logger
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+
+# Lightning's hints (loader workers, log intervals, srun, its own deprecations) are noise for runs of a few batches.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*does not have many workers"),
+    pytest.mark.filterwarnings("ignore:.*log_every_n_steps"),
+    pytest.mark.filterwarnings("ignore:.*is not empty"),
+    pytest.mark.filterwarnings("ignore:.*srun"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec"),
+]
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT = _Absent()  # what a missing attribute or key reads as
+RESOURCE_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "mem_gb")
+
+
+def version(lib: str) -> str:
+    try:
+        return metadata.version(lib.replace("_", "-"))
+    except metadata.PackageNotFoundError:
+        try:
+            return str(getattr(importlib.import_module(lib), "__version__", "?"))
+        except ImportError:
+            return "(not installed)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    lib: str  # import name of the library that owns the API
+    api: str  # what the project touches (a dotted path where it can be imported)
+    user: str  # project files, ", "-separated: relative to src/hydralight/ unless they start with src/
+    why: str
+
+    def moved(self, detail: str = "") -> str:
+        where = ", ".join(u if u.startswith("src/") else f"src/hydralight/{u}" for u in self.user.split(", "))
+        return f"{self.lib} {version(self.lib)} moved {self.api} (used by {where} for {self.why})" + (
+            f": {detail}" if detail else ""
+        )
+
+
+def reach(dotted: str) -> Any:
+    """The object at a dotted path (longest importable module, then attributes), or ABSENT."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name, ABSENT)
+            if obj is ABSENT:
+                return ABSENT
+        return obj
+    return ABSENT
+
+
+def dig(obj: Any, path: str) -> Any:
+    """`obj.a.b.c` for path "a.b.c", or ABSENT where an attribute is missing."""
+    for name in path.split("."):
+        obj = getattr(obj, name, ABSENT)
+        if obj is ABSENT:
+            return ABSENT
+    return obj
+
+
+def item(mapping: Any, *keys: str) -> Any:
+    """`mapping[k1][k2]...`, or ABSENT where a key is missing."""
+    for key in keys:
+        if not isinstance(mapping, dict) or key not in mapping:
+            return ABSENT
+        mapping = mapping[key]
+    return mapping
+
+
+def fits(fn: Callable[..., Any], nargs: int, keywords: tuple[str, ...]) -> bool:
+    """Whether `fn(<nargs positionals>, **keywords)` binds to the signature (self/cls left out)."""
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    if params and params[0].name in ("self", "cls"):
+        sig = sig.replace(parameters=params[1:])
+    try:
+        sig.bind(*range(nargs), **dict.fromkeys(keywords))
+    except TypeError:
+        return False
+    return True
+
+
+# --- Import paths ----------------------------------------------------------------------------------------------
+
+IMPORTS = [
+    Hook(
+        "pytorch_lightning",
+        "pytorch_lightning.strategies.launchers.subprocess_script._SubprocessScriptLauncher",
+        "distributed.py",
+        "starting a job's extra DDP ranks from its saved config",
+    ),
+    Hook(
+        "pytorch_lightning",
+        "pytorch_lightning.loggers.csv_logs.ExperimentWriter",
+        "loggers.py",
+        "the metrics.csv writer that keeps earlier attempts' rows",
+    ),
+    Hook("pytorch_lightning", "pytorch_lightning.trainer.states.TrainerFn", "model.py", "telling fit from test"),
+    Hook(
+        "lightning_fabric",
+        "lightning_fabric.loggers.logger.rank_zero_experiment",
+        "loggers.py",
+        "the appending CSV logger's experiment property",
+    ),
+    Hook(
+        "lightning_fabric",
+        "lightning_fabric.utilities.rank_zero.rank_zero_only",
+        "loggers.py",
+        "forgetting rows of a failed attempt on rank 0 only",
+    ),
+    Hook("lightning_fabric", "lightning_fabric.plugins.TorchCheckpointIO", "last_checkpoint.py", "atomic writes"),
+    Hook(
+        "lightning_fabric",
+        "lightning_fabric.plugins.environments.SLURMEnvironment",
+        "trainer.py",
+        "turning Lightning's own SLURM requeue off",
+    ),
+    Hook("hydra", "hydra.core.singleton.Singleton", "slurm.py", "carrying Hydra's state into each job"),
+    Hook("hydra", "hydra.core.utils.run_job", "slurm.py", "running a sweep job in its submitit process"),
+    Hook("hydra", "hydra.core.utils.setup_globals", "slurm.py", "Hydra's resolvers in the job process"),
+    Hook("hydra", "hydra.core.utils.filter_overrides", "slurm.py", "logging each job's overrides"),
+    Hook("hydra", "hydra.core.utils.JobReturn", "slurm.py", "the launcher's return type"),
+    Hook(
+        "hydra",
+        "hydra.core.hydra_config.HydraConfig",
+        "loggers.py, run_record.py, train.py",
+        "the job's overrides and dirs",
+    ),
+    Hook("hydra", "hydra.types.RunMode.MULTIRUN", "train.py", "telling a sweep job from a single run"),
+    Hook("hydra", "hydra.experimental.callback.Callback", "report.py", "the summary line at the end of a sweep"),
+    Hook(
+        "hydra_submitit_launcher",
+        "hydra_plugins.hydra_submitit_launcher.config.BaseQueueConf",
+        "slurm.py",
+        "which launcher keys submitit takes unprefixed",
+    ),
+    Hook(
+        "hydra_submitit_launcher",
+        "hydra_plugins.hydra_submitit_launcher.config.SlurmQueueConf",
+        "slurm.py",
+        "the base of the planned SLURM launcher's config",
+    ),
+    Hook(
+        "hydra_submitit_launcher",
+        "hydra_plugins.hydra_submitit_launcher.config.LocalQueueConf",
+        "slurm.py",
+        "the base of the planned local launcher's config",
+    ),
+    Hook(
+        "hydra_submitit_launcher",
+        "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
+        "src/hydra_plugins/hydralight_launchers/__init__.py",
+        "the base class of hydra/launcher=slurm",
+    ),
+    Hook(
+        "hydra_submitit_launcher",
+        "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+        "src/hydra_plugins/hydralight_launchers/__init__.py",
+        "the base class of hydra/launcher=local",
+    ),
+    Hook("submitit", "submitit.core._submit", "slurm.py", "the command written into dry-run sbatch scripts"),
+    Hook(
+        "dstack",
+        "dstack._internal.core.models.configurations.parse_run_configuration",
+        "cloud.py",
+        "validating the generated dstack tasks",
+    ),
+]
+
+
+@pytest.mark.parametrize("hook", IMPORTS, ids=[h.api for h in IMPORTS])
+def test_import_path(hook: Hook) -> None:
+    if hook.lib == "dstack":
+        pytest.importorskip("dstack", reason="dstack is a dev extra (pip install -e '.[dev]')")
+    assert reach(hook.api) is not ABSENT, hook.moved("it can no longer be imported from there")
+
+
+# --- Call shapes: the positional count and keywords the project (or the library calling the project) uses ------
+
+SIGNATURES = [
+    (
+        Hook("hydra", "hydra.core.utils.run_job", "slurm.py", "running a sweep job in its submitit process"),
+        0,
+        ("hydra_context", "task_function", "config", "job_dir_key", "job_subdir_key"),
+    ),
+    (Hook("hydra", "hydra.core.utils.setup_globals", "slurm.py", "Hydra's resolvers in the job process"), 0, ()),
+    (Hook("hydra", "hydra.core.utils.filter_overrides", "slurm.py", "logging each job's overrides"), 1, ()),
+    (Hook("hydra", "hydra.core.singleton.Singleton.get_state", "slurm.py", "the state sent with each job"), 0, ()),
+    (Hook("hydra", "hydra.core.singleton.Singleton.set_state", "slurm.py", "restoring it inside the job"), 1, ()),
+    (
+        Hook(
+            "hydra",
+            "hydra.core.config_loader.ConfigLoader.load_sweep_config",
+            "slurm.py",
+            "composing each job's config (per-job resources, and the job itself)",
+        ),
+        2,
+        (),
+    ),
+    (
+        # Hydra's sweeper calls launch(batch, initial_job_idx=...) on the project's override.
+        Hook("hydra", "hydra.plugins.launcher.Launcher.launch", "slurm.py", "the planned launchers' launch()"),
+        1,
+        ("initial_job_idx",),
+    ),
+    (
+        # Hydra calls it with config= and config_name=; the project's override takes config and **kwargs.
+        Hook("hydra", "hydra.experimental.callback.Callback.on_multirun_end", "report.py", "the sweep summary"),
+        0,
+        ("config", "config_name"),
+    ),
+    (
+        Hook(
+            "hydra",
+            "hydra.core.config_store.ConfigStore.store",
+            "src/hydra_plugins/hydralight_launchers/__init__.py",
+            "registering the hydralight launchers",
+        ),
+        0,
+        ("group", "name", "node", "provider"),
+    ),
+    (
+        Hook(
+            "hydra_submitit_launcher",
+            "hydra_plugins.hydra_submitit_launcher.submitit_launcher.BaseSubmititLauncher.setup",
+            "slurm.py",
+            "the config, context and task function the planned launchers read",
+        ),
+        0,
+        ("hydra_context", "task_function", "config"),
+    ),
+    (
+        Hook("submitit", "submitit.AutoExecutor", "slurm.py", "the executor of every sweep"),
+        0,
+        ("folder", "cluster", "slurm_max_num_timeout"),
+    ),
+    (
+        Hook(
+            "submitit",
+            "submitit.slurm.slurm.SlurmExecutor._make_submission_file_text",
+            "slurm.py",
+            "dry_run=true: writing the sbatch scripts without submitting",
+        ),
+        2,
+        (),
+    ),
+    (
+        Hook(
+            "submitit",
+            "submitit.local.local.LocalExecutor._make_submission_file_text",
+            "slurm.py",
+            "dry_run=true with hydra/launcher=local",
+        ),
+        2,
+        (),
+    ),
+    (
+        Hook(
+            "pytorch_lightning",
+            "pytorch_lightning.strategies.launchers.subprocess_script._SubprocessScriptLauncher",
+            "distributed.py",
+            "building the job-script launcher (cluster_environment, num_processes, num_nodes)",
+        ),
+        3,
+        (),
+    ),
+    (
+        Hook(
+            "pytorch_lightning",
+            "pytorch_lightning.strategies.launchers.subprocess_script._SubprocessScriptLauncher._call_children_scripts",
+            "distributed.py",
+            "starting ranks 1..N-1 as `python -m hydralight.worker`",
+        ),
+        0,
+        (),
+    ),
+    (
+        Hook(
+            "pytorch_lightning",
+            "pytorch_lightning.strategies.launchers.subprocess_script._SubprocessScriptLauncher._check_can_spawn_children",
+            "distributed.py",
+            "the launcher's own guard before starting ranks",
+        ),
+        0,
+        (),
+    ),
+    (
+        Hook(
+            "pytorch_lightning",
+            "pytorch_lightning.strategies.DDPStrategy._configure_launcher",
+            "distributed.py",
+            "swapping in the job-script launcher",
+        ),
+        0,
+        (),
+    ),
+    (
+        Hook(
+            "pytorch_lightning",
+            "pytorch_lightning.loggers.csv_logs.ExperimentWriter",
+            "loggers.py",
+            "the appending metrics.csv writer",
+        ),
+        0,
+        ("log_dir",),
+    ),
+    (
+        Hook(
+            "pytorch_lightning",
+            "pytorch_lightning.loggers.csv_logs.ExperimentWriter._check_log_dir_exists",
+            "loggers.py",
+            "keeping an existing metrics.csv (Lightning deletes it there)",
+        ),
+        0,
+        (),
+    ),
+    (
+        Hook(
+            "pytorch_lightning",
+            "pytorch_lightning.loggers.csv_logs.ExperimentWriter._record_new_keys",
+            "loggers.py",
+            "merging the columns of an existing metrics.csv",
+        ),
+        0,
+        (),
+    ),
+    (
+        Hook("pytorch_lightning", "pytorch_lightning.loggers.CSVLogger", "loggers.py", "flushing every step"),
+        1,
+        ("flush_logs_every_n_steps",),
+    ),
+    (
+        Hook(
+            "pytorch_lightning",
+            "pytorch_lightning.trainer.connectors.logger_connector.logger_connector._LoggerConnector"
+            ".update_train_step_metrics",
+            "preemption.py",
+            "logging the last step's metrics before exiting on a signal",
+        ),
+        0,
+        (),
+    ),
+    (
+        Hook(
+            "pytorch_lightning",
+            "pytorch_lightning.loops.evaluation_loop._EvaluationLoop.run",
+            "last_checkpoint.py",
+            "validating the final weights when training ended between validations",
+        ),
+        0,
+        (),
+    ),
+    (
+        Hook("pytorch_lightning", "pytorch_lightning.Trainer.fit", "train.py", "resuming with weights_only=True"),
+        1,
+        ("datamodule", "ckpt_path", "weights_only"),
+    ),
+    (
+        Hook("pytorch_lightning", "pytorch_lightning.Trainer.test", "train.py", "testing with weights_only=True"),
+        1,
+        ("datamodule", "ckpt_path", "verbose", "weights_only"),
+    ),
+    (
+        Hook(
+            "pytorch_lightning",
+            "pytorch_lightning.LightningModule.load_from_checkpoint",
+            "checkpoint.py",
+            "loading a model without running pickled code",
+        ),
+        1,
+        ("map_location", "weights_only"),
+    ),
+    (
+        Hook(
+            "lightning_fabric",
+            "lightning_fabric.plugins.TorchCheckpointIO.save_checkpoint",
+            "last_checkpoint.py",
+            "the atomic checkpoint write Lightning calls",
+        ),
+        2,
+        ("storage_options",),
+    ),
+    (
+        Hook(
+            "lightning_fabric",
+            "lightning_fabric.plugins.environments.SLURMEnvironment",
+            "trainer.py",
+            "turning Lightning's own SLURM requeue off",
+        ),
+        0,
+        ("auto_requeue",),
+    ),
+    (
+        Hook(
+            "lightning_fabric",
+            "lightning_fabric.plugins.environments.SLURMEnvironment.detect",
+            "trainer.py",
+            "knowing when the job runs under srun",
+        ),
+        0,
+        (),
+    ),
+    (
+        Hook("torch", "torch.load", "model.py", "reading a checkpoint's step without unpickling code"),
+        1,
+        ("map_location", "weights_only", "mmap"),
+    ),
+    (
+        Hook(
+            "dstack",
+            "dstack._internal.core.models.configurations.parse_run_configuration",
+            "cloud.py",
+            "validating the generated dstack tasks",
+        ),
+        1,
+        (),
+    ),
+]
+
+
+@pytest.mark.parametrize(("hook", "nargs", "keywords"), SIGNATURES, ids=[h.api for h, *_ in SIGNATURES])
+def test_call_shape(hook: Hook, nargs: int, keywords: tuple[str, ...]) -> None:
+    if hook.lib == "dstack":
+        pytest.importorskip("dstack", reason="dstack is a dev extra (pip install -e '.[dev]')")
+    fn = reach(hook.api)
+    assert fn is not ABSENT, hook.moved("it is gone")
+    used = ", ".join([*(["<arg>"] * nargs), *(f"{k}=..." for k in keywords)])
+    assert fits(fn, nargs, keywords), hook.moved(f"called as ({used}); its signature is now {inspect.signature(fn)}")
+
+
+# --- hydra-submitit-launcher configs and launchers -------------------------------------------------------------
+
+QUEUE_FIELDS = [
+    *(("BaseQueueConf", key, "slurm.py", "resources set per job from its plan") for key in RESOURCE_KEYS),
+    ("BaseQueueConf", "submitit_folder", "slurm.py", "the executor's folder"),
+    ("BaseQueueConf", "timeout_min", "conf/hydra/launcher/slurm.yaml", "the job time limit"),
+    ("BaseQueueConf", "stderr_to_stdout", "conf/hydra/launcher/slurm.yaml", "one log per task"),
+    ("SlurmQueueConf", "_target_", "slurm.py", "pointing the config at the planned launcher"),
+    ("SlurmQueueConf", "setup", "slurm.py", "cluster.setup lines before srun"),
+    ("SlurmQueueConf", "max_num_timeout", "slurm.py", "the requeue count given to the executor"),
+    ("SlurmQueueConf", "signal_delay_s", "conf/hydra/launcher/slurm.yaml", "the warning before the limit"),
+    ("SlurmQueueConf", "partition", "conf/hydra/launcher/slurm.yaml", "cluster.partition"),
+    ("SlurmQueueConf", "account", "conf/hydra/launcher/slurm.yaml", "cluster.account"),
+    ("SlurmQueueConf", "qos", "conf/hydra/launcher/slurm.yaml", "cluster.qos"),
+    ("SlurmQueueConf", "constraint", "conf/hydra/launcher/slurm.yaml", "cluster.constraint"),
+    ("SlurmQueueConf", "additional_parameters", "conf/hydra/launcher/slurm.yaml", "cluster.sbatch"),
+    ("LocalQueueConf", "_target_", "slurm.py", "pointing the config at the planned launcher"),
+    ("LocalQueueConf", "timeout_min", "conf/hydra/launcher/local.yaml", "the job time limit"),
+    ("LocalQueueConf", "submitit_folder", "conf/hydra/launcher/local.yaml", "the executor's folder"),
+]
+
+
+@pytest.mark.parametrize(("conf", "field", "user", "why"), QUEUE_FIELDS, ids=[f"{c}.{f}" for c, f, *_ in QUEUE_FIELDS])
+def test_queue_conf_field(conf: str, field: str, user: str, why: str) -> None:
+    from hydra_plugins.hydra_submitit_launcher import config as queue
+
+    hook = Hook("hydra_submitit_launcher", f"{conf}.{field}", user, why)
+    cls = getattr(queue, conf, ABSENT)
+    assert cls is not ABSENT, hook.moved(f"{conf} is gone")
+    assert field in {f.name for f in dataclasses.fields(cls)}, hook.moved(f"{conf} has no field {field}")
+
+
+def launcher_params(executor: str, folder: Path) -> tuple[str, int, dict[str, Any], dict[str, Any]]:
+    """(folder, max_num_timeout, settings, resources) as the planned launchers derive them from the queue config."""
+    from hydra_plugins.hydra_submitit_launcher import config as queue
+
+    conf = {"slurm": queue.SlurmQueueConf, "local": queue.LocalQueueConf}[executor]
+    params = OmegaConf.to_container(OmegaConf.structured(conf))
+    params.pop("_target_")  # Hydra drops it when it instantiates the launcher
+    params.update(name="job", submitit_folder=str(folder / "%j"))  # interpolations in the real config
+    folder_ = params.pop("submitit_folder")
+    max_num_timeout = params.pop("max_num_timeout", 0)
+    # Keys of BaseQueueConf are submitit's generic names; the others take the executor's prefix.
+    generic = set(OmegaConf.structured(queue.BaseQueueConf).keys())
+    base = {k if k in generic else f"{executor}_{k}": v for k, v in params.items() if k not in RESOURCE_KEYS}
+    # What a plan asks for: a 2x4-GPU SLURM job; a local job is one process that starts the other ranks itself.
+    asked = {"slurm": (2, 4, 4, 3, 64), "local": (1, 1, None, 3, None)}[executor]
+    resources = dict(zip(RESOURCE_KEYS, asked, strict=True))
+    return folder_, max_num_timeout, base, resources
+
+
+@pytest.mark.parametrize("executor", ["slurm", "local"])
+def test_queue_conf_maps_onto_auto_executor(tmp_path: Path, executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real submissions: the launcher settings, prefixed as the planned launchers do it, given to AutoExecutor."""
+    import submitit
+
+    hook = Hook(
+        "submitit",
+        f"AutoExecutor(cluster={executor!r}) parameter names",
+        "slurm.py",
+        "submitting the launcher's settings (generic names bare, the others with the executor's prefix)",
+    )
+    # The SLURM executor refuses to start where no srun is found; this test only needs its parameters.
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 1), raising=False)
+    folder, max_num_timeout, base, resources = launcher_params(executor, tmp_path)
+    try:
+        auto = submitit.AutoExecutor(
+            folder=folder, cluster=executor, **{f"{executor}_max_num_timeout": max_num_timeout}
+        )
+        auto.update_parameters(**base, **resources)
+    except Exception as err:  # submitit names the parameter it no longer knows
+        pytest.fail(hook.moved(f"{type(err).__name__}: {err}"))
+
+
+@pytest.mark.parametrize("executor", ["slurm", "local"])
+def test_dry_run_script_writer(tmp_path: Path, executor: str) -> None:
+    """dry_run=true: the executor itself, converted parameters and the job script, with no SLURM on the host."""
+    import submitit
+
+    hook = Hook(
+        "submitit",
+        f"{executor} executor: affinity / _convert_parameters / _internal_update_parameters / "
+        "_make_submission_file_text(command, uid)",
+        "slurm.py",
+        "dry_run=true: writing the sbatch scripts without submitting, on a host without SLURM",
+    )
+    folder, max_num_timeout, base, resources = launcher_params(executor, tmp_path)
+    if executor == "slurm":
+
+        class Refusing(submitit.SlurmExecutor):
+            @classmethod
+            def affinity(cls) -> int:
+                return -1
+
+        class ScriptWriter(submitit.SlurmExecutor):
+            @classmethod
+            def affinity(cls) -> int:
+                return 1
+
+        # The writer's affinity() override is what lets it start without srun: the executor must consult it.
+        try:
+            Refusing(folder, max_num_timeout=max_num_timeout)
+            consulted = False
+        except RuntimeError:
+            consulted = True
+        assert consulted, hook.moved("SlurmExecutor() no longer asks affinity() whether SLURM is there")
+        writer: Any = ScriptWriter(folder, max_num_timeout=max_num_timeout)
+    else:
+        writer = submitit.LocalExecutor(folder)
+    prefix = f"{executor}_"
+    asked = {**base, **resources}
+    try:
+        params = writer._convert_parameters({k: v for k, v in asked.items() if not k.startswith(prefix)})
+        params.update({k.removeprefix(prefix): v for k, v in asked.items() if k.startswith(prefix)})
+        writer._internal_update_parameters(**params)
+        text = writer._make_submission_file_text("python -u -m submitit.core._submit <folder>", "dry-run")
+    except Exception as err:  # a method gone or renamed, or a parameter the executor no longer takes
+        pytest.fail(hook.moved(f"{type(err).__name__}: {err}"))
+    assert isinstance(text, str), hook.moved(f"it returned {type(text).__name__}, not the script text")
+    if executor == "slurm":
+        lines = (
+            "--nodes=2",
+            "--ntasks-per-node=4",
+            "--gpus-per-node=4",
+            "--cpus-per-task=3",
+            "--mem=64GB",
+            "--time=60",
+        )
+        for line in (*lines, "--job-name=job"):
+            assert f"#SBATCH {line}" in text, hook.moved(f"the script lacks #SBATCH {line}:\n{text}")
+        # The Preemption callback waits for SIGUSR2 (conf/callbacks/default.yaml): submitit must ask for it.
+        signal = Hook(
+            "submitit",
+            "the SLURM warning signal (USR2, signal_delay_s ahead)",
+            "preemption.py",
+            "checkpointing and requeueing before the time limit",
+        )
+        assert f"--signal=USR2@{base['slurm_signal_delay_s']}" in text, signal.moved(f"the script says:\n{text}")
+
+
+def test_submitit_launcher_base_class() -> None:
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
+
+    hook = Hook(
+        "hydra_submitit_launcher",
+        "BaseSubmititLauncher._EXECUTOR / params / setup()",
+        "slurm.py",
+        "the executor name, launcher settings, config and context the planned launchers read",
+    )
+    executors = (getattr(SlurmLauncher, "_EXECUTOR", ABSENT), getattr(LocalLauncher, "_EXECUTOR", ABSENT))
+    assert executors == ("slurm", "local"), hook.moved(f"_EXECUTOR is now {executors}")
+    launcher = SlurmLauncher(partition="p", additional_parameters=OmegaConf.create({"a": 1}))
+    params = getattr(launcher, "params", ABSENT)
+    assert params == {"partition": "p", "additional_parameters": {"a": 1}}, hook.moved(f"params is {params!r}")
+    context, config = object(), OmegaConf.create({"x": 1})
+
+    def task(cfg: Any) -> None:
+        return None
+
+    launcher.setup(hydra_context=context, task_function=task, config=config)
+    seen = tuple(getattr(launcher, name, ABSENT) for name in ("hydra_context", "task_function", "config"))
+    assert seen == (context, task, config), hook.moved("setup() no longer stores hydra_context/task_function/config")
+
+
+# --- Hydra's job machinery, as the planned launchers drive it in a submitit process ------------------------------
+
+
+def test_singleton_state_travels_with_cloudpickle() -> None:
+    import cloudpickle
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.singleton import Singleton
+
+    hook = Hook("hydra", "Singleton.get_state / set_state", "slurm.py", "Hydra's global state inside each job")
+    store = ConfigStore.instance()
+    store.store(group="private_apis", name="sent", node={"a": 1})
+    # submitit pickles the job's arguments (this state among them) with cloudpickle.
+    state = cloudpickle.loads(cloudpickle.dumps(Singleton.get_state()))
+    store.store(group="private_apis", name="not_sent", node={"a": 1})
+    Singleton.set_state(state)
+    # The job sees the submitting process's state as it was sent, and nothing registered after.
+    listed = ConfigStore.instance().list("private_apis")
+    assert listed == ["sent.yaml"], hook.moved(f"the restored config store lists {listed}")
+
+
+class _NoCallbacks:
+    """What run_job needs of Hydra's callbacks object."""
+
+    def on_job_start(self, **kwargs: Any) -> None:
+        pass
+
+    def on_job_end(self, **kwargs: Any) -> None:
+        pass
+
+
+def test_load_sweep_config_and_run_job(tmp_path: Path) -> None:
+    """A sweep job composed with load_sweep_config, edited as the launcher does, and run through run_job."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import JobStatus, run_job, setup_globals
+    from hydra.types import HydraContext
+
+    load = Hook("hydra", "ConfigLoader.load_sweep_config", "slurm.py", "composing each job's config")
+    run = Hook("hydra", "hydra.core.utils.run_job", "slurm.py", "running a sweep job in its submitit process")
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    sweep = tmp_path / "sweep"
+    (conf / "job.yaml").write_text(f"x: 1\nhydra:\n  sweep:\n    dir: {sweep}\n    subdir: ${{hydra.job.num}}\n")
+
+    def task(cfg: Any) -> tuple[int, int, str]:
+        hc = HydraConfig.get()
+        return cfg.x, hc.job.num, hc.runtime.output_dir
+
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        master = compose(config_name="job", return_hydra_config=True)
+        loader = GlobalHydra.instance().hydra.config_loader
+        setup_globals()
+        for num, quiet in ((0, False), (1, True)):
+            job = loader.load_sweep_config(master, [f"x={num + 5}"])
+            assert job.x == num + 5 and "hydra" in job, load.moved("the job's override or hydra node is missing")
+            with open_dict(job.hydra):
+                job.hydra.job.id = f"job{num}"
+                job.hydra.job.num = num
+                if quiet:  # what ranks > 0 get: no Hydra record in the job dir
+                    job.hydra.output_subdir = None
+            try:
+                result = run_job(
+                    hydra_context=HydraContext(config_loader=loader, callbacks=_NoCallbacks()),
+                    task_function=task,
+                    config=job,
+                    job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir",
+                    configure_logging=False,  # leave pytest's logging alone
+                )
+            except TypeError as err:  # a keyword the launchers pass is gone
+                pytest.fail(run.moved(str(err)))
+            assert result.status == JobStatus.COMPLETED, run.moved(f"the job failed: {result.return_value!r}")
+            assert result.return_value == (num + 5, num, str(sweep / str(num))), run.moved(
+                f"the job saw {result.return_value!r}"
+            )
+            written = (sweep / str(num) / ".hydra").is_dir()
+            assert written != quiet, run.moved(f"hydra.output_subdir=None no longer decides the record ({written=})")
+
+
+HYDRA_CONF_KEYS = [
+    ("sweep.dir", "loggers.py", "the sweep a job belongs to (wandb group)"),
+    ("sweep.subdir", "slurm.py", "each job's dir in the sweep"),
+    ("job.id", "slurm.py", "the SLURM job id in the job's config"),
+    ("job.num", "slurm.py", "the job's number in the sweep"),
+    ("job.override_dirname", "loggers.py", "wandb run names"),
+    ("runtime.output_dir", "train.py", "the run dir"),
+    ("overrides.task", "run_record.py", "the overrides recorded in manifest.json"),
+    ("mode", "train.py", "telling a sweep job from a single run"),
+    ("output_subdir", "slurm.py", "no Hydra record from ranks > 0"),
+    ("job_logging", "slurm.py", "no log file from ranks > 0"),
+]
+
+
+@pytest.mark.parametrize(("key", "user", "why"), HYDRA_CONF_KEYS, ids=[k for k, *_ in HYDRA_CONF_KEYS])
+def test_hydra_conf_key(key: str, user: str, why: str) -> None:
+    from hydra.conf import HydraConf
+
+    hook = Hook("hydra", f"hydra.{key}", user, why)
+    assert dig(HydraConf(), key) is not ABSENT, hook.moved("HydraConf no longer has it")
+
+
+def test_sweep_overrides_split_into_jobs() -> None:
+    """Expanding a `-m` command line into its jobs, as the basic sweeper does, before anything runs."""
+    split = Hook(
+        "hydra",
+        "hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_arguments(overrides, max_batch_size)",
+        "schema.py",
+        "composing and checking every job of a sweep before any run dir exists",
+    )
+    parse = Hook(
+        "hydra",
+        "OverridesParser.create().parse_overrides() -> Override.input_line / is_sweep_override()",
+        "schema.py",
+        "reading a sweep's overrides (and the fixed ones, under another sweeper)",
+    )
+    parser_cls = reach("hydra.core.override_parser.overrides_parser.OverridesParser")
+    sweeper = reach("hydra._internal.core_plugins.basic_sweeper.BasicSweeper")
+    assert parser_cls is not ABSENT, parse.moved("OverridesParser can no longer be imported from there")
+    assert callable(dig(sweeper, "split_arguments")), split.moved("it is gone")
+    parsed = parser_cls.create().parse_overrides(["a=1,2", "b=x"])
+    seen = [(dig(o, "input_line"), o.is_sweep_override()) for o in parsed]
+    assert seen == [("a=1,2", True), ("b=x", False)], parse.moved(f"the overrides read as {seen}")
+    batches = sweeper.split_arguments(parsed, None)
+    jobs = [job for batch in batches for job in batch]
+    assert jobs == [["a=1", "b=x"], ["a=2", "b=x"]], split.moved(f"the jobs came out as {batches}")
+
+
+# A schema with what the project's schemas use: a choice built with Enum's functional API, typed fields, a group.
+Mode = enum.Enum("Mode", {"a": "a", "b": "b-c"}, type=str)
+
+
+@dataclasses.dataclass
+class Inner:
+    mode: Mode = Mode.a
+    n: int = 1
+    x: float = 1.0
+    flag: bool = True
+
+
+@dataclasses.dataclass
+class Schema:
+    inner: Inner = dataclasses.field(default_factory=Inner)
+    group: Any = None
+
+
+# The wording of OmegaConf's and Hydra's composition errors, which schema.py turns into one line per mistake.
+ERROR_WORDING = [
+    ("omegaconf", "inner.mode=x", r"Invalid value 'x', expected one of \[.+\]", "a choice that is not allowed"),
+    ("omegaconf", "inner.n=abc", r"Value 'abc' (of type '\w+' )?could not be converted to Integer", "a wrong type"),
+    ("omegaconf", "inner.x=abc", r"Value 'abc' (of type '\w+' )?could not be converted to Float", "a wrong type"),
+    ("omegaconf", "inner.flag=maybe", r"Value 'maybe' is not a valid bool", "a value that is not true or false"),
+    (
+        "omegaconf",
+        "inner.n=null",
+        r"field 'inner\.n' is not Optional|Non optional field cannot be assigned None",
+        "null",
+    ),
+    ("omegaconf", "inner.nope=1", r"Key 'nope' not in 'Inner'|Key 'nope' is not in struct", "an unknown key"),
+    (
+        "hydra",
+        "group=three",
+        r"Could not find 'group/three'.*Available options in 'group':\n\tone",
+        "an unknown option",
+    ),
+]
+
+
+@pytest.mark.parametrize(("lib", "override", "pattern", "what"), ERROR_WORDING, ids=[o for _, o, *_ in ERROR_WORDING])
+def test_composition_error_wording(tmp_path: Path, lib: str, override: str, pattern: str, what: str) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    hook = Hook(lib, f"the composition error for {what}", "schema.py", "naming the key, value and allowed values")
+    ConfigStore.instance().store(name="private_apis_schema", node=Schema)
+    (tmp_path / "group").mkdir()
+    (tmp_path / "group" / "one.yaml").write_text("v: 1\n")
+    (tmp_path / "main.yaml").write_text("defaults:\n  - private_apis_schema\n  - group: one\n  - _self_\n")
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+        try:
+            compose(config_name="main", overrides=[override])
+        except Exception as err:  # the text of the whole chain of causes, as schema.py reads it
+            causes: list[BaseException] = []
+            cause: BaseException | None = err
+            while cause is not None:
+                causes.append(cause)
+                cause = cause.__cause__ or cause.__context__
+            text = " ".join(str(c) for c in causes)
+        else:
+            pytest.fail(hook.moved(f"{override} was accepted"))
+    assert re.search(pattern, text, re.DOTALL), hook.moved(f"the error no longer matches {pattern!r}: {text!r}")
+    key = override.split("=", 1)[0]
+    if key.startswith("inner."):
+        assert f"full_key: {key}" in text, hook.moved(f"the error no longer names full_key: {key}: {text!r}")
+
+
+# --- pytorch_lightning: a tiny model trained for a step or two on random tensors on the CPU ----------------------
+
+
+def samples(n: int = 8, seed: int = 0) -> TensorDataset:
+    gen = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, 4, generator=gen), torch.randint(0, 2, (n,), generator=gen))
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self, scheduler: bool = False, loader: Callable[[], Any] | None = None) -> None:
+        super().__init__()
+        self.save_hyperparameters("scheduler")
+        self.layer = torch.nn.Linear(4, 2)
+        self.loader = loader or (lambda: DataLoader(samples(), batch_size=2))
+        self.counts: Counter[str] = Counter()
+        self.loaded_with: list[Any] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.layer(x), y)
+        self.log("loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.counts["validation_step"] += 1
+
+    def train_dataloader(self) -> Any:
+        self.counts["train_dataloader"] += 1
+        return self.loader()
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(samples(2), batch_size=2)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        if not self.hparams.scheduler:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1)}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # model.py reads `_trainer` here: `trainer` raises when load_from_checkpoint has no trainer.
+        trainer = getattr(self, "_trainer", ABSENT)
+        self.loaded_with.append(trainer if trainer is None or trainer is ABSENT else trainer.state.fn == "fit")
+
+
+def tiny_trainer(tmp_path: Path, **options: Any) -> pl.Trainer:
+    settings: dict[str, Any] = {
+        "max_steps": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "accelerator": "cpu",
+        "devices": 1,
+        "num_sanity_val_steps": 0,
+        "limit_val_batches": 1,
+        "use_distributed_sampler": False,  # as the project's plan sets it
+        "default_root_dir": tmp_path,
+    }
+    settings.update(options)
+    return pl.Trainer(**settings)
+
+
+class Recorder(Logger):
+    """Keeps every (step, metrics) Lightning logs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recorder"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+
+BATCHES_THAT_STEPPED = Hook(
+    "pytorch_lightning",
+    "trainer.fit_loop.epoch_loop._batches_that_stepped",
+    "last_checkpoint.py",
+    "keeping the logging step equal to the optimizer step across resumes and the final validation",
+)
+
+
+def test_batches_that_stepped_counts_optimizer_steps(tmp_path: Path) -> None:
+    trainer = tiny_trainer(tmp_path, max_steps=2)
+    trainer.fit(Tiny())
+    loop = trainer.fit_loop.epoch_loop
+    value = getattr(loop, "_batches_that_stepped", ABSENT)
+    assert type(value) is int and value == trainer.global_step == 2, BATCHES_THAT_STEPPED.moved(
+        f"it is {value!r} after {trainer.global_step} steps"
+    )
+    # What the project writes is what a checkpoint records.
+    loop._batches_that_stepped = 7
+    saved = item(trainer.fit_loop.state_dict(), "epoch_loop.state_dict", "_batches_that_stepped")
+    assert saved == 7, BATCHES_THAT_STEPPED.moved(f"the fit loop's state_dict holds {saved!r}, not the value set")
+
+
+def test_batches_that_stepped_is_the_logging_step(tmp_path: Path) -> None:
+    class Shift(pl.Callback):
+        def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+            assert dig(trainer, "fit_loop.epoch_loop._batches_that_stepped") is not ABSENT, BATCHES_THAT_STEPPED.moved()
+            trainer.fit_loop.epoch_loop._batches_that_stepped = 100 + trainer.global_step
+
+    logger = Recorder()
+    trainer = tiny_trainer(tmp_path, max_steps=2, logger=logger, log_every_n_steps=1, callbacks=[Shift()])
+    trainer.fit(Tiny())
+    steps = [step for step, metrics in logger.rows if "loss" in metrics]
+    assert steps == [100, 101], BATCHES_THAT_STEPPED.moved(f"step metrics were logged at steps {steps}")
+
+
+def test_update_train_step_metrics_logs_now(tmp_path: Path) -> None:
+    hook = Hook(
+        "pytorch_lightning",
+        "trainer._logger_connector.update_train_step_metrics()",
+        "preemption.py",
+        "logging the last step's metrics before exiting on a signal",
+    )
+    logger = Recorder()
+
+    class FlushEarly(pl.Callback):
+        flushed: list[list[tuple[int | None, dict[str, float]]]] = []
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            update = dig(trainer, "_logger_connector.update_train_step_metrics")
+            assert callable(update), hook.moved("it is gone")
+            before = len(logger.rows)
+            update()
+            self.flushed.append(logger.rows[before:])
+
+    trainer = tiny_trainer(tmp_path, max_steps=2, logger=logger, log_every_n_steps=1, callbacks=[FlushEarly()])
+    trainer.fit(Tiny())
+    logged = [[(step, "loss" in metrics) for step, metrics in rows] for rows in FlushEarly.flushed]
+    assert logged == [[(0, True)], [(1, True)]], hook.moved(f"inside on_train_batch_end it logged {FlushEarly.flushed}")
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["cleared", "kept"])
+def test_combined_loader_cleared_after_estimate(tmp_path: Path, reset: bool) -> None:
+    hook = Hook(
+        "pytorch_lightning",
+        "trainer.fit_loop._combined_loader",
+        "model.py",
+        "building the training loader again after a restore, so it gets the saved position in the epoch",
+    )
+    seen: dict[str, Any] = {}
+
+    class Estimating(Tiny):
+        def configure_optimizers(self) -> Any:
+            seen["steps"] = self.trainer.estimated_stepping_batches
+            seen["built"] = getattr(self.trainer.fit_loop, "_combined_loader", ABSENT)
+            if reset:
+                self.trainer.fit_loop._combined_loader = None
+            return super().configure_optimizers()
+
+    model = Estimating()
+    tiny_trainer(tmp_path, max_epochs=1).fit(model)  # with max_epochs unset the estimate needs no loader
+    assert seen["built"] is not ABSENT, hook.moved("the fit loop has no such attribute")
+    assert seen["built"] is not None, hook.moved("estimated_stepping_batches no longer leaves the loader there")
+    # Cleared, the loader is requested again for training; kept, it is not (why the project clears it).
+    wanted = 2 if reset else 1
+    got = model.counts["train_dataloader"]
+    assert got == wanted, hook.moved(f"train_dataloader() was called {got} times, expected {wanted}")
+
+
+def test_val_loop_run_after_fit(tmp_path: Path) -> None:
+    hook = Hook(
+        "pytorch_lightning",
+        "trainer.fit_loop.epoch_loop.val_loop.run()",
+        "last_checkpoint.py",
+        "validating the final weights when training ended between validations",
+    )
+
+    class FinalValidation(pl.Callback):
+        ran: list[int] = []
+        training_after: list[bool] = []
+
+        def on_train_end(self, trainer: pl.Trainer, pl_module: Tiny) -> None:
+            loop = trainer.fit_loop.epoch_loop
+            assert callable(dig(loop, "val_loop.run")), hook.moved("it is gone")
+            before = pl_module.counts["validation_step"]
+            trainer.validating = True
+            try:
+                loop.val_loop.run()
+            finally:
+                trainer.training = True
+            self.ran.append(pl_module.counts["validation_step"] - before)
+            self.training_after.append(trainer.training)
+
+    # One step of a four-batch epoch: no validation of its own before on_train_end.
+    tiny_trainer(tmp_path, callbacks=[FinalValidation()]).fit(Tiny())
+    assert FinalValidation.ran == [1], hook.moved(f"it ran {FinalValidation.ran} validation batches, expected [1]")
+    assert FinalValidation.training_after == [True], hook.moved("trainer.training = True no longer restores the stage")
+
+
+@pytest.mark.parametrize(("max_steps", "whole_epoch"), [(-1, True), (2, False)], ids=["epoch", "cut"])
+def test_batch_progress(tmp_path: Path, max_steps: int, whole_epoch: bool) -> None:
+    hook = Hook(
+        "pytorch_lightning",
+        "trainer.fit_loop.epoch_loop.batch_progress (current.processed, is_last_batch)",
+        "last_checkpoint.py, data.py, model.py",
+        "the position in the epoch saved with the loader, and telling a whole epoch from one cut by a budget",
+    )
+
+    class Watch(pl.Callback):
+        batches: list[tuple[int, Any, Any]] = []
+        epoch_ends: list[Any] = []
+
+        def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, i: int) -> None:
+            progress = dig(trainer, "fit_loop.epoch_loop.batch_progress")
+            self.batches.append((i, dig(progress, "current.processed"), dig(progress, "is_last_batch")))
+
+        def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            self.epoch_ends.append(dig(trainer, "fit_loop.epoch_loop.batch_progress.is_last_batch"))
+
+    tiny_trainer(tmp_path, max_steps=max_steps, max_epochs=1, callbacks=[Watch()]).fit(Tiny())
+    n = 4 if whole_epoch else 2
+    expected = [(i, i + 1, i == 3) for i in range(n)]
+    assert Watch.batches == expected, hook.moved(f"(batch_idx, processed, is_last_batch) were {Watch.batches}")
+    assert Watch.epoch_ends == [whole_epoch], hook.moved(f"is_last_batch at epoch end was {Watch.epoch_ends}")
+
+
+class Stateful(DataLoader):
+    """A training loader with a state, as the project's resumable loader has."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.loaded: list[dict[str, int]] = []
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": 5}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.loaded.append(state)
+
+
+CHECKPOINT_KEYS = [
+    *(
+        (("loops", "fit_loop", progress, part, count), "last_checkpoint.py")
+        for progress in ("epoch_progress", "epoch_loop.batch_progress")
+        for part in ("total", "current")
+        for count in ("ready", "started", "processed", "completed")
+    ),
+    (("loops", "fit_loop", "epoch_loop.batch_progress", "is_last_batch"), "last_checkpoint.py"),
+    (("loops", "fit_loop", "epoch_loop.state_dict", "_batches_that_stepped"), "last_checkpoint.py"),
+    (("loops", "fit_loop", "state_dict", "combined_loader"), "data.py"),
+    (("epoch",), "last_checkpoint.py"),
+    (("global_step",), "checkpoint.py"),
+    (("state_dict",), "checkpoint.py"),
+    (("loops",), "checkpoint.py"),
+    (("hyper_parameters",), "checkpoint.py"),
+    (("lr_schedulers",), "model.py"),
+]
+
+
+def test_checkpoint_layout_and_resume(tmp_path: Path) -> None:
+    """The checkpoint dict the project edits in on_save_checkpoint, saved and resumed as the project does it."""
+    from lightning_fabric.plugins import TorchCheckpointIO
+
+    path = tmp_path / "mid.ckpt"
+    made: list[Stateful] = []
+
+    def loader() -> Stateful:
+        made.append(Stateful(samples(), batch_size=2))
+        return made[-1]
+
+    class WritingIO(TorchCheckpointIO):
+        written: list[Any] = []
+
+        def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+            self.written.append(path)
+            super().save_checkpoint(checkpoint, path, storage_options)
+
+    class SaveMidEpoch(pl.Callback):
+        seen: dict[str, Any] = {}
+
+        def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, i: int) -> None:
+            if i == 1:
+                trainer.save_checkpoint(path)
+
+        def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+            self.seen["checkpoint"] = checkpoint
+            state = item(checkpoint, "loops", "fit_loop", "epoch_loop.state_dict")
+            if state is not ABSENT:
+                state["_batches_that_stepped"] = 41  # an edit, as LastCheckpoint makes: it must reach the file
+
+    io = WritingIO()
+    tiny_trainer(tmp_path, max_steps=3, plugins=[io], callbacks=[SaveMidEpoch()]).fit(Tiny(True, loader))
+
+    writes = Hook("lightning_fabric", "TorchCheckpointIO.save_checkpoint", "last_checkpoint.py", "atomic writes")
+    assert [Path(p) for p in WritingIO.written] == [path], writes.moved(f"Lightning wrote through it {io.written}")
+    checkpoint = SaveMidEpoch.seen.get("checkpoint", {})
+    for keys, user in CHECKPOINT_KEYS:
+        hook = Hook("pytorch_lightning", "checkpoint[" + "][".join(map(repr, keys)) + "]", user, "the saved loop state")
+        assert item(checkpoint, *keys) is not ABSENT, hook.moved("the checkpoint has no such entry")
+    loader_state = Hook(
+        "pytorch_lightning",
+        "checkpoint['loops']['fit_loop']['state_dict']['combined_loader']",
+        "data.py",
+        "saving the training loader's position in the epoch",
+    )
+    saved = item(checkpoint, "loops", "fit_loop", "state_dict", "combined_loader")
+    assert saved == [{"position": 5}], loader_state.moved(f"it holds {saved!r}")
+
+    weights = Hook(
+        "torch", "torch.load(weights_only=True)", "checkpoint.py", "reading checkpoints without pickled code"
+    )
+    try:
+        on_disk = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # an unpicklable type in Lightning's checkpoint
+        pytest.fail(weights.moved(f"a Lightning checkpoint no longer loads: {err}"))
+    edited = item(on_disk, "loops", "fit_loop", "epoch_loop.state_dict", "_batches_that_stepped")
+    assert edited == 41, BATCHES_THAT_STEPPED.moved(
+        f"an edit in on_save_checkpoint did not reach the file ({edited!r})"
+    )
+
+    # Resume as train.py does: the loader gets its saved position, the module sees the trainer in on_load_checkpoint.
+    resumed = Tiny(True, loader)
+    tiny_trainer(tmp_path, max_steps=3).fit(resumed, ckpt_path=path, weights_only=True)
+    assert made[-1].loaded == [{"position": 5}], loader_state.moved(f"the resumed loader got {made[-1].loaded}")
+    module_trainer = Hook(
+        "pytorch_lightning",
+        "LightningModule._trainer and trainer.state.fn",
+        "model.py",
+        "checks that apply only when fit restores a checkpoint",
+    )
+    assert resumed.loaded_with == [True], module_trainer.moved(f"on_load_checkpoint saw {resumed.loaded_with}")
+    alone = Tiny.load_from_checkpoint(path, map_location="cpu", weights_only=True)
+    assert alone.loaded_with == [None], module_trainer.moved(f"without a trainer it saw {alone.loaded_with}")
+
+
+def test_set_epoch_reaches_batch_sampler(tmp_path: Path) -> None:
+    hook = Hook(
+        "lightning_fabric",
+        "_set_sampler_epoch on dataloader.batch_sampler.sampler",
+        "sampling.py",
+        "a new sample order every epoch from the global batch sampler",
+    )
+
+    class Batches(Sampler):
+        epochs: list[int] = []
+
+        @property
+        def sampler(self) -> Batches:
+            return self
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epochs.append(epoch)
+
+        def __iter__(self) -> Iterator[list[int]]:
+            return iter([[0, 1], [2, 3]])
+
+        def __len__(self) -> int:
+            return 2
+
+    model = Tiny(loader=lambda: DataLoader(samples(4), batch_sampler=Batches()))
+    tiny_trainer(tmp_path, max_steps=-1, max_epochs=2, limit_val_batches=0).fit(model)
+    assert Batches.epochs == [0, 1], hook.moved(f"set_epoch was called with {Batches.epochs}")
+
+
+def test_ddp_launcher_is_configured_by_the_strategy() -> None:
+    from pytorch_lightning.strategies import DDPStrategy
+    from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    hook = Hook(
+        "pytorch_lightning",
+        "DDPStrategy._configure_launcher / _launcher",
+        "distributed.py",
+        "replacing Lightning's launcher with one that starts ranks from the job's saved config",
+    )
+    configured: list[type] = []
+
+    class Recording(DDPStrategy):
+        def _configure_launcher(self) -> None:
+            super()._configure_launcher()
+            configured.append(type(getattr(self, "_launcher", None)))
+
+    strategy = Recording()
+    pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    assert configured == [_SubprocessScriptLauncher], hook.moved(f"the Trainer configured {configured}")
+    assert strategy.launcher is strategy._launcher, hook.moved("the strategy's launcher is no longer `_launcher`")
+    launcher = strategy._launcher
+    fields = {k: dig(launcher, k) for k in ("num_processes", "num_nodes", "procs")}
+    assert fields == {"num_processes": 2, "num_nodes": 1, "procs": []}, hook.moved(f"the launcher has {fields}")
+    assert dig(launcher, "cluster_environment") is strategy.cluster_environment, hook.moved("no cluster_environment")
+
+
+def test_subprocess_launcher_starts_children_through_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pytorch_lightning.strategies.launchers.subprocess_script as script
+    from lightning_fabric.plugins.environments import LightningEnvironment
+
+    hook = Hook(
+        "pytorch_lightning",
+        "_SubprocessScriptLauncher.launch -> _call_children_scripts / procs",
+        "distributed.py",
+        "starting ranks 1..N-1 as `python -m hydralight.worker` and having Lightning watch them",
+    )
+    monkeypatch.delenv("LOCAL_RANK", raising=False)  # this process is the one that starts the others
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))  # launch() then leaves threads alone
+    observed: list[Any] = []
+    monkeypatch.setattr(script, "_launch_process_observer", observed.append, raising=False)
+
+    class Recording(script._SubprocessScriptLauncher):
+        def _call_children_scripts(self) -> None:
+            self._check_can_spawn_children()
+            self.procs = ["rank 1"]  # stands for the started processes
+
+    launcher = Recording(LightningEnvironment(), 2, 1)
+    assert launcher.launch(lambda: "ran") == "ran", hook.moved("launch() no longer runs the function")
+    assert observed == [["rank 1"]], hook.moved(f"the process observer watched {observed}, not the override's procs")
+
+
+# --- Logger internals the appending CSV logger overrides ---------------------------------------------------------
+
+
+def test_experiment_writer_hooks(tmp_path: Path) -> None:
+    from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+
+    hook = Hook(
+        "pytorch_lightning",
+        "ExperimentWriter._check_log_dir_exists / _record_new_keys / metrics, metrics_keys, metrics_file_path",
+        "loggers.py",
+        "keeping one metrics.csv across the attempts of a run",
+    )
+    earlier = "loss,step\n1.0,0\n"
+
+    class Keeping(ExperimentWriter):
+        recorded = 0
+
+        def _check_log_dir_exists(self) -> None:
+            pass
+
+        def _record_new_keys(self) -> set[str]:
+            self.recorded += 1
+            return super()._record_new_keys()
+
+    # Lightning's own writer deletes an existing metrics.csv: that is the step the project overrides.
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "metrics.csv").write_text(earlier)
+    ExperimentWriter(log_dir=str(tmp_path / "plain"))
+    assert not (tmp_path / "plain" / "metrics.csv").exists(), hook.moved("it no longer deletes metrics.csv there")
+
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "metrics.csv").write_text(earlier)
+    writer = Keeping(log_dir=str(tmp_path / "keep"))
+    fields = {k: getattr(writer, k, ABSENT) for k in ("metrics", "metrics_keys", "metrics_file_path")}
+    wanted = {"metrics": [], "metrics_keys": [], "metrics_file_path": str(tmp_path / "keep" / "metrics.csv")}
+    assert fields == wanted, hook.moved(f"the writer's fields are {fields}")
+    writer.log_metrics({"loss": 0.5}, step=1)
+    writer.save()
+    assert writer.recorded == 1, hook.moved("save() no longer calls _record_new_keys")
+    rows = (tmp_path / "keep" / "metrics.csv").read_text().splitlines()
+    assert rows == ["loss,step", "1.0,0", "0.5,1"], hook.moved(f"metrics.csv is {rows}")
+
+
+def test_csv_logger_experiment_override(tmp_path: Path) -> None:
+    from lightning_fabric.loggers.logger import rank_zero_experiment
+    from pytorch_lightning.loggers import CSVLogger
+    from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+
+    hook = Hook(
+        "pytorch_lightning",
+        "CSVLogger._experiment / root_dir / log_dir / experiment",
+        "loggers.py",
+        "giving the CSV logger the appending writer",
+    )
+
+    class Own(ExperimentWriter):
+        pass
+
+    class Logger_(CSVLogger):
+        @property
+        @rank_zero_experiment
+        def experiment(self) -> ExperimentWriter:
+            if self._experiment is None:
+                self._experiment = Own(log_dir=self.log_dir)
+            return self._experiment
+
+    logger = Logger_(str(tmp_path), name="run", flush_logs_every_n_steps=1)
+    assert getattr(logger, "_experiment", ABSENT) is None, hook.moved("a new logger has no `_experiment = None`")
+    dirs = (getattr(logger, "root_dir", ABSENT), getattr(logger, "log_dir", ABSENT))
+    assert all(isinstance(d, str) and d.startswith(str(tmp_path)) for d in dirs), hook.moved(f"dirs are {dirs}")
+    logger.log_metrics({"loss": 1.0}, step=0)
+    assert isinstance(logger._experiment, Own), hook.moved("log_metrics no longer goes through `experiment`")
+    assert Path(logger.log_dir, "metrics.csv").is_file(), hook.moved("flush_logs_every_n_steps=1 did not write")
+
+
+# --- torch and torchmetrics details -----------------------------------------------------------------------------
+
+
+def test_mean_metric_states() -> None:
+    from torchmetrics import MeanMetric
+
+    hook = Hook(
+        "torchmetrics",
+        "MeanMetric.mean_value / weight",
+        "model.py",
+        "carrying the epoch's running training loss through a mid-epoch checkpoint",
+    )
+    metric = MeanMetric()
+    metric.update(torch.tensor([1.0, 3.0]))
+    states = (getattr(metric, "mean_value", ABSENT), getattr(metric, "weight", ABSENT))
+    assert all(torch.is_tensor(s) for s in states), hook.moved(f"the states are {states}")
+    assert [float(s) for s in states] == [4.0, 2.0], hook.moved(f"they hold {states}, not (sum, count)")
+    metric.mean_value = torch.tensor(10.0)
+    metric.weight = torch.tensor(4.0)
+    assert float(metric.compute()) == 2.5, hook.moved("setting them no longer sets the mean")
+
+
+def test_dataset_getitems_fetches_whole_batches() -> None:
+    hook = Hook(
+        "torch",
+        "Dataset.__getitems__ (used by the DataLoader's map fetcher)",
+        "data.py",
+        "the tensor loader: one index operation per batch instead of one call per sample",
+    )
+
+    class Whole(Dataset):
+        per_sample = 0
+
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, index: int) -> Any:
+            Whole.per_sample += 1
+            return index
+
+        def __getitems__(self, indices: torch.Tensor) -> tuple[str, list[int]]:
+            return "batch", [int(i) for i in indices]
+
+    loader = DataLoader(Whole(), batch_sampler=[torch.tensor([0, 1]), torch.tensor([2, 3])], collate_fn=lambda b: b)
+    got = list(loader)
+    assert got == [("batch", [0, 1]), ("batch", [2, 3])] and Whole.per_sample == 0, hook.moved(f"batches were {got}")
