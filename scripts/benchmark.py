@@ -5,6 +5,7 @@
 3. time to 99%: whole `python train.py experiment=fast` vs the classic recipe vs a plain PyTorch script
 4. start-up: `python train.py --cfg job`, and process start to the first training step
 5. scaling: 1 vs 2 DDP processes on CPU, same global batch and steps
+6. keyed dropout: a training step of the default network with per-sample keyed dropout vs torch's dropout
 
 Every figure is the median of --repeats runs with min and max. Results go to benchmarks/RESULTS.md
 and benchmarks/results.png (or --out). Needs the real MNIST in DATA_DIR, except with --smoke, which
@@ -255,6 +256,45 @@ def scaling(data_dir: str, steps: int, repeats: int, out: Path) -> dict:
     return results
 
 
+# 6. Keyed dropout --------------------------------------------------------------------------------
+def keyed_dropout(steps: int, repeats: int) -> dict:
+    """Milliseconds per training step (forward, backward, Adam) of SeedCNN at batch 128 on this machine's
+    CPU: dropout keyed by sample vs torch's dropout, interleaved so both see the same machine state."""
+    import torch
+    import torch.nn.functional as F
+
+    from hydralight.invariance import keyed, sample_keys, with_sample_dropout
+    from hydralight.model import SeedCNN
+
+    torch.manual_seed(0)
+    nets = {"torch": SeedCNN(), "keyed": with_sample_dropout(SeedCNN())}
+    optimizers = {name: torch.optim.Adam(net.parameters(), lr=1e-3) for name, net in nets.items()}
+    x, y = torch.randn(128, 1, 28, 28), torch.randint(0, 10, (128,))
+
+    def step_ms(name: str) -> float:
+        net, optimizer = nets[name].train(), optimizers[name]
+        start = time.perf_counter()
+        for step in range(steps):
+            keys = sample_keys(0, step, torch.randperm(60000)[:128]) if name == "keyed" else None
+            with keyed(keys):
+                loss = F.cross_entropy(net(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        return (time.perf_counter() - start) / steps * 1000
+
+    for name in nets:  # warm-up
+        step_ms(name)
+    times: dict[str, list[float]] = {"torch": [], "keyed": []}
+    for _ in range(repeats):
+        for name in nets:
+            times[name].append(step_ms(name))
+    result = {f"{name}_ms_per_step": summary(values) for name, values in times.items()}
+    result["ratio"] = result["keyed_ms_per_step"]["median"] / result["torch_ms_per_step"]["median"]
+    result["steps"] = steps
+    return result
+
+
 def machine() -> str:
     import torch
 
@@ -274,7 +314,7 @@ def fmt(stat: dict, digits: int = 2) -> str:
 
 
 def write_results(results: dict, out: Path, smoke: bool) -> None:
-    f, d, t, s, p = (results[k] for k in ("framework", "data", "time_to_99", "startup", "scaling"))
+    f, d, t, s, p, k = (results[k] for k in ("framework", "data", "time_to_99", "startup", "scaling", "keyed_dropout"))
     rows = [
         ("framework overhead: Lightning / plain loop", f"{f['ratio']:.3f}", "<= 1.05",
          f"{fmt(f['lightning_s'])} s vs {fmt(f['plain_s'])} s for {f['steps']} steps"),
@@ -289,6 +329,8 @@ def write_results(results: dict, out: Path, smoke: bool) -> None:
         ("DDP on CPU: 2 / 1 processes samples/s", f"{p['speedup']:.2f}x", "-",
          f"{fmt(p['1_process_samples_per_s'], 0)} vs {fmt(p['2_process_samples_per_s'], 0)}; efficiency "
          f"{p['efficiency']:.0%}, DDP overhead {p['ddp_overhead_ms_per_step']:.1f} ms/step"),
+        ("keyed dropout: step with keyed / torch dropout", f"{k['ratio']:.3f}", "<= 1.15",
+         f"{fmt(k['keyed_ms_per_step'], 1)} vs {fmt(k['torch_ms_per_step'], 1)} ms per step (SeedCNN, batch 128, CPU)"),
     ]  # fmt: skip
     lines = [
         "# Benchmarks" + (" (smoke run: tiny sizes, numbers mean nothing)" if smoke else ""),
@@ -335,6 +377,8 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on generated data: proves the suite runs")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks")
+    parser.add_argument("--only", default=None, help="comma-separated benchmarks to measure again (e.g. keyed_dropout); "
+                        "the others keep their figures from the last full run in --out")  # fmt: skip
     args = parser.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -348,13 +392,17 @@ def main() -> int:
     else:
         data_dir = os.environ.get("DATA_DIR", str(ROOT / "data"))
         repeats, steps, batches = args.repeats, 300, 200
-    results = {
-        "framework": framework_overhead(data_dir, steps, repeats if args.smoke else 2 * repeats),
-        "data": data_path(data_dir, batches, repeats),
-        "time_to_99": time_to_99(data_dir, repeats, args.smoke, work),
-        "startup": startup(data_dir, repeats, work),
-        "scaling": scaling(data_dir, 10 if args.smoke else 150, repeats, work),
+    suite = {
+        "framework": lambda: framework_overhead(data_dir, steps, repeats if args.smoke else 2 * repeats),
+        "data": lambda: data_path(data_dir, batches, repeats),
+        "time_to_99": lambda: time_to_99(data_dir, repeats, args.smoke, work),
+        "startup": lambda: startup(data_dir, repeats, work),
+        "scaling": lambda: scaling(data_dir, 10 if args.smoke else 150, repeats, work),
+        "keyed_dropout": lambda: keyed_dropout(5 if args.smoke else 50, repeats if args.smoke else 2 * repeats),
     }
+    chosen = args.only.split(",") if args.only else list(suite)
+    earlier = json.loads((out / "results.json").read_text()) if args.only and (out / "results.json").is_file() else {}
+    results = {name: suite[name]() if name in chosen else earlier[name] for name in suite}
     write_results(results, out, args.smoke)
     print((out / "RESULTS.md").read_text())
     return 0

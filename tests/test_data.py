@@ -28,13 +28,14 @@ def test_tensor_and_torchvision_loaders_yield_the_same_batches(tiny_data):
     fast, classic = module(tiny_data, loader="tensor"), module(tiny_data, loader="torchvision")
     for dm in (fast, classic):
         dm.setup("fit")
-    for (x1, y1), (x2, y2) in zip(fast.train_dataloader(), classic.train_dataloader(), strict=True):
-        x1, _ = fast.on_after_batch_transfer((x1, y1), 0)
+    for (x1, y1, ids1), (x2, y2, ids2) in zip(fast.train_dataloader(), classic.train_dataloader(), strict=True):
+        x1, _, _ = fast.on_after_batch_transfer((x1, y1, ids1), 0)
         assert x1.dtype == x2.dtype == torch.float32
         assert x1.shape == x2.shape == (32, 1, 28, 28)
         assert torch.allclose(x1, x2, atol=1e-5)
         assert torch.equal(y1, y2)
-    assert sum(len(y) for _, y in fast.test_dataloader()) == 200
+        assert torch.equal(ids1, ids2)  # the sample ids that key per-sample randomness: the same in both loaders
+    assert sum(len(y) for _, y, _ in fast.test_dataloader()) == 200
 
 
 def test_wrong_magic_number_names_the_file(fresh_data):

@@ -135,19 +135,65 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
     return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
 
 
-def test_one_and_two_processes_take_the_same_steps(tiny_data, tmp_path):
-    steps = [*TINY, "trainer.limit_train_batches=null", "trainer.max_steps=20", "trainer.max_epochs=3", "seed=5"]
+def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(
+        ((a[k].double() - b[k].double()).abs().max() / a[k].double().abs().max().clamp_min(1e-12)).item() for k in a
+    )
+
+
+# Every built-in model with what couples it to the world size: dropout (cnn), BatchNorm (fastcnn), nothing (mlp),
+# augmentation in the data path. In float64 rounding is out of the picture: what is left is any difference in
+# samples, masks, shifts or statistics. In float32 (the default, last case) Adam turns the different summation
+# order of 1 and 2 processes into ~1e-4 of drift over 20 steps; without the keyed dropout it was ~0.7.
+EQUIVALENT = {
+    "cnn": (["model=cnn", "trainer.precision=64-true"], 1e-6),
+    "fastcnn": (["model=fastcnn", "model.sync_batchnorm=true", "trainer.precision=64-true"], 1e-6),
+    "mlp": (["model=mlp", "trainer.precision=64-true"], 1e-6),
+    "cnn+shift": (["model=cnn", "data.max_shift=2", "trainer.precision=64-true"], 1e-6),
+    "cnn-float32": (["model=cnn"], 1e-3),
+}
+
+
+@pytest.mark.parametrize("name", EQUIVALENT)
+def test_one_and_two_processes_train_the_same_network(name, tiny_data, tmp_path):
+    overrides, bound = EQUIVALENT[name]
+    base = [a for a in TINY if not a.startswith("model=")] + overrides
+    steps = [*base, "trainer.limit_train_batches=null", "trainer.max_steps=20", "trainer.max_epochs=3", "seed=5"]
     one, two = tmp_path / "one", tmp_path / "two"
     for run, devices in ((one, 1), (two, 2)):
         result = run_cli([*steps, f"hardware.devices={devices}"], run, tiny_data)
-        assert result.returncode == 0, result.stderr
+        assert result.returncode == 0, result.stderr[-3000:]
         assert results(run)["global_step"] == 20
         assert results(run)["metrics"]["test/samples"] == 200
-    a, b = final_weights(one), final_weights(two)
-    worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max()).item() for k in a)
-    (tmp_path.parent / "invariance.txt").write_text(f"{worst:.3g}\n")
-    assert worst < 1e-4, worst
-    assert results(one)["test/acc"] == pytest.approx(results(two)["test/acc"], abs=1e-6)
+        assert results(run)["world_size_invariance"] == {"holds": True, "reasons": []}
+    worst = max_relative_difference(final_weights(one), final_weights(two))
+    with (tmp_path.parent / "invariance.txt").open("a") as f:
+        f.write(f"{name}: {worst:.3g}\n")
+    assert worst < bound, worst
+
+
+def test_torch_dropout_still_trains_and_the_record_says_why_it_is_not_invariant(tiny_data, tmp_path):
+    base = [a for a in TINY if not a.startswith("model=")]
+    result = run_cli([*base, "model=cnn", "model.invariant_dropout=false"], tmp_path / "run", tiny_data)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = results(tmp_path / "run")["world_size_invariance"]
+    assert not report["holds"] and "net.5 is torch's Dropout" in report["reasons"][0]
+    assert "do NOT train alike" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_a_two_process_checkpoint_continues_on_one_process_with_the_same_masks(tiny_data, tmp_path):
+    # float64: what is compared is the randomness, not float32 summation order.
+    base = [a for a in TINY if not a.startswith("model=")]
+    base += ["model=cnn", "data.max_shift=2", "seed=3", "trainer.precision=64-true"]
+    steps = [*base, "trainer.limit_train_batches=null", "trainer.max_epochs=3"]
+    straight, moved = tmp_path / "straight", tmp_path / "moved"
+    assert run_cli([*steps, "trainer.max_steps=20"], straight, tiny_data).returncode == 0
+    # 10 steps on 2 processes (mid-epoch: an epoch is 15 steps), then the rest on 1 process.
+    assert run_cli([*steps, "trainer.max_steps=10", "hardware.devices=2"], moved, tiny_data).returncode == 0
+    result = run_cli([*steps, "trainer.max_steps=20", "hardware.devices=1"], moved, tiny_data)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert results(moved)["global_step"] == 20
+    assert max_relative_difference(final_weights(straight), final_weights(moved)) < 1e-6
 
 
 def test_same_seed_twice_gives_identical_weights_with_ddp(tiny_data, tmp_path):
@@ -193,34 +239,28 @@ def test_a_failing_rank_ends_the_whole_run(tiny_data, tmp_path):
     assert all(not Path(f"/proc/{pid}").exists() for pid in worker_pids), worker_pids
 
 
-def test_sync_batchnorm_converts_batchnorm_layers(tiny_data, tmp_path):
+def test_sync_batchnorm_is_torch_s_on_gpus_and_ours_on_cpu(tiny_data, tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from hydralight.distributed import build_strategy
-    from hydralight.model import FastCNN
+    from hydralight.invariance import GlobalBatchNorm
     from hydralight.plan import Machine, make_plan
     from hydralight.train import CONFIG_DIR
-    from hydralight.trainer import build_trainer
 
     with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        cfg = compose(
-            "train",
-            overrides=[
-                "hardware=cpu",
-                "hardware.devices=2",
-                "model=fastcnn",
-                "model.sync_batchnorm=true",
-                "logger=none",
-                "callbacks=none",
-            ],
+        gpu = compose("train", overrides=["hardware=4gpu", "model=fastcnn", "model.sync_batchnorm=true"])
+        cpu = compose(
+            "train", overrides=["hardware=cpu", "hardware.devices=2", "model=fastcnn", "model.sync_batchnorm=true"]
         )
-    plan = make_plan(cfg, Machine(cpu_cores=2))
-    trainer = build_trainer(cfg, plan, build_strategy(cfg, plan, tmp_path / "config.yaml"), [], [])
-    converted = trainer.strategy._layer_sync.apply(FastCNN())
-    assert sum(isinstance(m, torch.nn.SyncBatchNorm) for m in converted.modules()) == 2
-    # torch has no CPU SyncBatchNorm: a CPU run says so instead of crashing inside DDP.
+    on_gpus = make_plan(gpu, Machine(gpus=4, bf16=True, tf32=True, cpu_cores=32, memory_gb=256))
+    assert on_gpus.trainer_kwargs()["sync_batchnorm"] and not on_gpus.model_kwargs()["global_batchnorm"]
+    on_cpu = make_plan(cpu, Machine(cpu_cores=2))
+    assert not on_cpu.trainer_kwargs()["sync_batchnorm"] and on_cpu.model_kwargs()["global_batchnorm"]
     result = run_cli([*DDP2, "model=fastcnn", "model.sync_batchnorm=true"], tmp_path / "run", tiny_data)
-    assert result.returncode == 2 and "model.sync_batchnorm=true needs CUDA GPUs" in result.stderr
+    assert result.returncode == 0, result.stderr[-3000:]
+    from hydralight.checkpoint import load_classifier
+
+    model = load_classifier(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert sum(isinstance(m, GlobalBatchNorm) for m in model.modules()) == 2
 
 
 @pytest.mark.parametrize(

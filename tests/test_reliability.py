@@ -22,7 +22,10 @@ LONG = [*TINY, "model=cnn", "trainer.limit_train_batches=null", "trainer.max_epo
 def start(args: list[str], run: Path, data: Path) -> subprocess.Popen:
     env = {**os.environ, "DATA_DIR": str(data), "PYTHONPATH": str(HELPERS)}
     command = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run}"]
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Its own process group: a kill -9 can take every rank of the run at once, as a lost node would.
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
@@ -38,18 +41,21 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_ends_exactly_like_an_uninterrupted_run(tiny_data, tmp_path):
+@pytest.mark.parametrize("devices", [1, 2])
+def test_sigkill_then_resume_ends_exactly_like_an_uninterrupted_run(devices, tiny_data, tmp_path):
+    # The default model's dropout and a shifting augmentation: both keyed by sample, so redone steps draw alike.
+    args = [*LONG, f"hardware.devices={devices}", "data.max_shift=2"]
     plain, killed = tmp_path / "plain", tmp_path / "killed"
-    assert run_cli(LONG, plain, tiny_data).returncode == 0
+    assert run_cli(args, plain, tiny_data).returncode == 0
     slow = ["+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.1"]
-    proc = start([*LONG, *slow], killed, tiny_data)
+    proc = start([*args, *slow], killed, tiny_data)
     wait_for(killed / "checkpoints" / "last.ckpt", proc)
     time.sleep(1.0)  # a few steps past the checkpoint: those are lost and must be redone identically
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     step_at_kill = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert 0 < step_at_kill < 45
-    resumed = run_cli(LONG, killed, tiny_data)  # same command, same dir: resume=auto
+    resumed = run_cli(args, killed, tiny_data)  # same command, same dir: resume=auto
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "Restoring states from the checkpoint" in resumed.stdout + resumed.stderr
     a, b = weights(plain), weights(killed)

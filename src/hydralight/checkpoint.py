@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hydralight.errors import UserError
-from hydralight.model import Classifier, describe
+from hydralight.model import Classifier, build_model, describe
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,17 @@ def _own_checkpoint(path: Path) -> dict[str, Any]:
             f"{err} (this run's own checkpoint, left untouched); to start the run over add resume=never "
             f"(last.ckpt will then be replaced), or move the file away{fallback}"
         ) from None
+
+
+def starting_model(cfg: DictConfig, **model_kwargs: Any) -> Classifier:
+    """The model a run starts with: the one saved in `ckpt_path` (`mode=eval`), else a fresh one from the
+    config, with the weights of `init_from` when given."""
+    if cfg.mode == "eval":
+        return load_classifier(cfg.ckpt_path)
+    model = build_model(cfg, **model_kwargs)
+    if cfg.get("init_from"):
+        load_weights(model, cfg.init_from)
+    return model
 
 
 def load_weights(model: Classifier, path: str | Path) -> None:

@@ -15,6 +15,7 @@ from filelock import FileLock
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from hydralight.errors import UserError
+from hydralight.invariance import keyed_shift, sample_keys
 from hydralight.sampling import GlobalBatchSampler, ShardSampler
 
 MEAN, STD = 0.1307, 0.3081
@@ -87,12 +88,26 @@ class TensorImages(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.images[index], self.labels[index]
 
-    def __getitems__(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitems__(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         indices = torch.as_tensor(indices, device=self.labels.device)
-        return self.images[indices], self.labels[indices]
+        return self.images[indices], self.labels[indices], indices
 
     def to(self, device: torch.device) -> TensorImages:
         return TensorImages(self.images.squeeze(1).to(device), self.labels.to(device))
+
+
+class WithIds(Dataset):
+    """(x, y, id) per sample: the id (the position in the split) keys the sample's own randomness."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[Any, Any, int]:
+        x, y = self.dataset[index]
+        return x, y, index
 
 
 class ResumableLoader(DataLoader):
@@ -123,7 +138,12 @@ class MNISTDataModule(pl.LightningDataModule):
 
     `loader="tensor"` keeps each split in memory (on the GPU when training there) and normalizes on
     the device; `loader="torchvision"` is the classic per-sample Dataset + DataLoader with workers.
+    Batches are (x, y, ids); `max_shift` > 0 translates training images by up to that many pixels, drawn
+    per sample and epoch (the same on any number of processes).
     """
+
+    # Batches carry sample ids, so per-sample randomness is keyed by sample (see hydralight.invariance).
+    sample_ids = True
 
     def __init__(
         self,
@@ -139,6 +159,7 @@ class MNISTDataModule(pl.LightningDataModule):
         persistent_workers: bool = False,
         drop_last: bool = True,
         seed: int = 0,
+        max_shift: int = 0,
     ) -> None:
         super().__init__()
         if loader not in ("tensor", "torchvision"):
@@ -155,6 +176,7 @@ class MNISTDataModule(pl.LightningDataModule):
         self.persistent_workers = persistent_workers
         self.drop_last = drop_last
         self.seed = seed
+        self.max_shift = max_shift
         self.splits: dict[str, Dataset] = {}
 
     def files_present(self) -> bool:
@@ -235,8 +257,8 @@ class MNISTDataModule(pl.LightningDataModule):
 
             tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))])
             train = MNIST(self.data_dir, train=True, download=False, transform=tf)
-            self.splits = {name: Subset(train, idx) for name, idx in parts.items()}
-            self.splits["test"] = MNIST(self.data_dir, train=False, download=False, transform=tf)
+            self.splits = {name: WithIds(Subset(train, idx)) for name, idx in parts.items()}
+            self.splits["test"] = WithIds(MNIST(self.data_dir, train=False, download=False, transform=tf))
 
     def _device(self) -> torch.device:
         # The tensor loader keeps data where the model runs, so batches never cross the PCIe bus.
@@ -291,7 +313,11 @@ class MNISTDataModule(pl.LightningDataModule):
         return self._eval_loader("test")
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        x, y = batch
+        x, y, ids = batch
         if x.dtype == torch.uint8:  # tensor loader: normalize on the device, after the cheap uint8 copy
             x = x.float().div_(255.0).sub_(MEAN).div_(STD)
-        return x, y
+        trainer = getattr(self, "trainer", None)
+        if self.max_shift and trainer is not None and trainer.training:
+            keys = sample_keys(self.seed, trainer.current_epoch, ids)
+            x = keyed_shift(x, keys, self.max_shift, fill=-MEAN / STD)  # the background pixel, normalized
+        return x, y, ids

@@ -18,6 +18,7 @@ from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from hydralight.errors import UserError
+from hydralight.invariance import keyed, sample_keys, with_global_batchnorm, with_sample_dropout
 
 NUM_CLASSES = 10
 log = logging.getLogger(__name__)
@@ -52,9 +53,11 @@ class FastCNN(nn.Sequential):
 
     def __init__(self, channels: list[int] = (16, 32), hidden: int = 128) -> None:  # type: ignore[assignment]
         c1, c2 = channels
+        # No conv bias before BatchNorm: it would be removed by the normalization, its gradient is pure
+        # rounding noise, and Adam would turn that noise into steps.
         super().__init__(
-            nn.Conv2d(1, c1, 5, padding=2), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 5, padding=2), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, c1, 5, padding=2, bias=False), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2, bias=False), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(c2 * 7 * 7, hidden), nn.ReLU(), nn.Linear(hidden, NUM_CLASSES),
         )  # fmt: skip
 
@@ -74,11 +77,24 @@ class Classifier(pl.LightningModule):
     """
 
     def __init__(
-        self, net: dict[str, Any], optimizer: dict[str, Any], lr: float, scheduler: dict[str, Any] | None = None
+        self,
+        net: dict[str, Any],
+        optimizer: dict[str, Any],
+        lr: float,
+        scheduler: dict[str, Any] | None = None,
+        seed: int = 0,
+        invariant_dropout: bool = True,
+        global_batchnorm: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = instantiate(net)
+        # Dropout masks keyed by (seed, epoch, sample id) instead of each process's random stream, and
+        # BatchNorm statistics over every rank's micro-batch: the same training on 1 or N processes.
+        if invariant_dropout:
+            with_sample_dropout(self.net)
+        if global_batchnorm:
+            with_global_batchnorm(self.net)
         self.train_loss = MeanMetric()
         self.metrics = nn.ModuleDict(
             {
@@ -93,11 +109,14 @@ class Classifier(pl.LightningModule):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        # The data arrives as float32; a 64-true or bf16-true network takes its own dtype.
+        return self.net(x.to(self.dtype))
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        x, y, *ids = batch  # a data module that knows its samples adds their ids: (x, y, ids)
+        keys = sample_keys(self.hparams.seed, self.current_epoch, ids[0]) if ids else None
+        with keyed(keys):
+            loss = F.cross_entropy(self(x), y)
         if not torch.isfinite(loss):
             # Stop before this step's update reaches the weights or a checkpoint: the last one stays good.
             raise UserError(
@@ -118,8 +137,8 @@ class Classifier(pl.LightningModule):
         step = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("global_step")
         return f"{last} (step {step}) holds the last state saved before it"
 
-    def _evaluate(self, stage: str, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-        x, y = batch
+    def _evaluate(self, stage: str, batch: tuple[torch.Tensor, ...]) -> None:
+        x, y = batch[0], batch[1]
         logits = self(x)
         loss, acc, samples = (self.metrics[f"{stage}_{name}"] for name in ("loss", "acc", "samples"))
         # Metric objects are synced over ranks at epoch end, weighted by samples, not averaged per rank.
@@ -130,10 +149,10 @@ class Classifier(pl.LightningModule):
         self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=True, batch_size=len(y))
         self.log(f"{stage}/samples", samples, on_epoch=True, batch_size=len(y))
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
         self._evaluate("val", batch)
 
-    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
         self._evaluate("test", batch)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -154,6 +173,10 @@ class Classifier(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._restored_schedulers = checkpoint.get("lr_schedulers", [])
         trainer = self._trainer
+        if trainer is not None and trainer.precision == "64-true":
+            # Lightning loads the weights before it converts the module to float64: they would pass
+            # through float32 on the way and a resumed run would drift from an uninterrupted one.
+            self.double()
         if trainer is not None and trainer.state.fn == "fit":
             self._changed_lr = self._check_continued_settings(checkpoint.get("hyper_parameters", {}))
         total, weight = checkpoint.get("train_loss_running", (0.0, 0.0))
@@ -238,21 +261,15 @@ def describe(spec: Any) -> str:
 LENGTH_KEYS = ("total_steps", "T_max")
 
 
-def build_model(cfg: DictConfig, lr: float) -> Classifier:
-    """A fresh classifier from the config (`mode=train`), or the one saved in `ckpt_path` (`mode=eval`)."""
-    if cfg.mode == "eval":
-        from hydralight.checkpoint import load_classifier
-
-        return load_classifier(cfg.ckpt_path)
+def build_model(cfg: DictConfig, lr: float, global_batchnorm: bool = False) -> Classifier:
+    """A fresh classifier from the config, with the learning rate and BatchNorm kind the plan decided."""
     scheduler = cfg.optim.get("scheduler")
-    model = Classifier(
+    return Classifier(
         net=OmegaConf.to_container(cfg.model.net),
         optimizer=OmegaConf.to_container(cfg.optim.optimizer),
         scheduler=OmegaConf.to_container(scheduler) if scheduler else None,
         lr=lr,
+        seed=int(cfg.seed),
+        invariant_dropout=bool(cfg.model.get("invariant_dropout", True)),
+        global_batchnorm=global_batchnorm,
     )
-    if cfg.get("init_from"):
-        from hydralight.checkpoint import load_weights
-
-        load_weights(model, cfg.init_from)
-    return model

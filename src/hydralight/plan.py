@@ -112,7 +112,8 @@ class Plan:
             "num_nodes": self.hardware.num_nodes,
             "precision": self.framework.precision,
             "accumulate_grad_batches": self.task.accumulation,
-            "sync_batchnorm": self.framework.sync_batchnorm,
+            # torch's SyncBatchNorm runs on GPUs only; on CPU the model's own GlobalBatchNorm does it.
+            "sync_batchnorm": self.framework.sync_batchnorm and self.hardware.accelerator == "gpu",
             # Our samplers shard by rank themselves; Lightning's DistributedSampler would re-shuffle and pad.
             "use_distributed_sampler": False,
         }
@@ -132,7 +133,10 @@ class Plan:
 
     def model_kwargs(self) -> dict[str, Any]:
         """The model's arguments this plan decides: the learning rate after batch-size scaling."""
-        return {"lr": self.task.lr}
+        return {
+            "lr": self.task.lr,
+            "global_batchnorm": self.framework.sync_batchnorm and self.hardware.accelerator == "cpu",
+        }
 
     def strategy_kwargs(self) -> dict[str, Any] | None:
         """The DDP strategy's arguments; None for a single process."""
@@ -372,10 +376,6 @@ def check_plan(plan: Plan, machine: Machine) -> None:
         raise UserError(
             f"hardware.num_nodes={hw.num_nodes} needs a launcher that starts every node: submit with "
             "hydra/launcher=slurm or start each node with torchrun --nnodes; or use hardware.num_nodes=1"
-        )
-    if hw.accelerator == "cpu" and fw.sync_batchnorm:
-        raise UserError(
-            "model.sync_batchnorm=true needs CUDA GPUs (torch's SyncBatchNorm has no CPU kernel); use model.sync_batchnorm=false on CPU"
         )
     if hw.accelerator == "cpu" and fw.precision in ("16-mixed", "16-true"):
         raise UserError(

@@ -99,6 +99,7 @@ class OptimConf:
 class ModelConf:
     net: Any = None  # a `_target_` spec of an nn.Module
     sync_batchnorm: bool = False
+    invariant_dropout: bool = True
 
 
 @dataclass
@@ -108,6 +109,7 @@ class MNISTDataConf:
     loader: Loader = Loader.tensor  # type: ignore[attr-defined]
     val_size: int = 5000
     download: bool = True
+    max_shift: int = 0
 
 
 @dataclass

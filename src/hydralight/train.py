@@ -37,10 +37,17 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     validation value of `objective.metric`), so a sweeper never tunes on the test set."""
     from hydra.utils import instantiate
 
-    from hydralight.checkpoint import check_mode, finished_result, resume_path, resumed_config, with_evaluated_model
+    from hydralight.checkpoint import (
+        check_mode,
+        finished_result,
+        resume_path,
+        resumed_config,
+        starting_model,
+        with_evaluated_model,
+    )
     from hydralight.distributed import build_strategy, job_scope
+    from hydralight.invariance import InvarianceCheck
     from hydralight.loggers import build_loggers, wandb_scope
-    from hydralight.model import build_model
     from hydralight.plan import Machine, apply_plan, check_plan, make_plan
     from hydralight.run_record import RunRecord
     from hydralight.trainer import build_callbacks, build_trainer
@@ -70,10 +77,12 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     with job_scope(), wandb_scope(), record:  # the next job of a sweep starts clean
         apply_plan(plan, cfg.seed)
         # 2. Build: model, callbacks, loggers, trainer.
-        model = build_model(cfg, **plan.model_kwargs())
+        model = starting_model(cfg, **plan.model_kwargs())
         loggers = build_loggers(cfg, plan, record.manifest)
         strategy = build_strategy(plan, record.config_file)
-        trainer = build_trainer(cfg, plan, strategy, build_callbacks(cfg, loggers), loggers)
+        # Whether 1 and N processes train alike with this model and data goes into the run's record.
+        invariance = InvarianceCheck(bool(cfg.model.get("sync_batchnorm", False)), into=record.extra)
+        trainer = build_trainer(cfg, plan, strategy, [*build_callbacks(cfg, loggers), invariance], loggers)
 
         # 3. Fit (continuing this run dir's checkpoint), then test the best checkpoint.
         if cfg.mode == "train":
