@@ -117,15 +117,15 @@ def test_a_hardware_sweep_sizes_each_job_with_no_slurm_on_the_path(tiny_data, tm
     bare = tmp_path / "bin"
     bare.mkdir()
     (bare / "python").symlink_to(sys.executable)
-    args = ["hardware=1gpu,4gpu", "hydra.launcher.dry_run=true"]
+    args = ["hardware=1gpu,8gpu", "hydra.launcher.dry_run=true"]
     code, output = sweep(args, tmp_path / "sweep", tiny_data, sized=False, PATH=str(bare))
     assert code == 0, output
-    one, four = (sbatch_lines(tmp_path / "sweep" / "sbatch" / f"job{i}.sh") for i in (0, 1))
+    one, eight = (sbatch_lines(tmp_path / "sweep" / "sbatch" / f"job{i}.sh") for i in (0, 1))
     assert {"--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=8", "--mem=64GB"} <= {
         line.removeprefix("#SBATCH ") for line in one
     }
-    assert {"--ntasks-per-node=4", "--gpus-per-node=4", "--cpus-per-task=8", "--mem=256GB"} <= {
-        line.removeprefix("#SBATCH ") for line in four
+    assert {"--ntasks-per-node=8", "--gpus-per-node=8", "--cpus-per-task=12", "--mem=512GB"} <= {
+        line.removeprefix("#SBATCH ") for line in eight
     }
 
 
