@@ -80,7 +80,7 @@ def framework_overhead(data_dir: str, steps: int, repeats: int) -> dict:
         start = time.perf_counter()
         done = 0
         while done < steps:
-            for x, y in dm.train_dataloader():
+            for x, y, _ in dm.train_dataloader():
                 x = x.float().div_(255.0).sub_(MEAN).div_(STD)
                 loss = F.cross_entropy(model(x), y)
                 optimizer.zero_grad()
@@ -115,7 +115,7 @@ def data_path(data_dir: str, batches: int, repeats: int) -> dict:
     def fast() -> float:
         start, n = time.perf_counter(), 0
         for i, batch in enumerate(dm.train_dataloader()):
-            x, y = dm.on_after_batch_transfer(batch, 0)
+            x, y, _ = dm.on_after_batch_transfer(batch, 0)
             n += len(y)
             if i + 1 == batches:
                 break
@@ -335,7 +335,12 @@ def write_results(results: dict, out: Path, smoke: bool) -> None:
     lines = [
         "# Benchmarks" + (" (smoke run: tiny sizes, numbers mean nothing)" if smoke else ""),
         "",
-        f"Machine: {machine()}. Measured {time.strftime('%Y-%m-%d')}.",
+        # Rows measured on another day may come from another machine of the same kind: each group says where.
+        "Measured on:",
+        *[
+            f"- {when[1]}, {when[0]}: {', '.join(n for n in results if (results[n]['measured'], results[n]['machine']) == when)}"
+            for when in sorted({(r["measured"], r["machine"]) for r in results.values()})
+        ],
         "",
         "| benchmark | ratio / value | goal | measured (median, min, max) |",
         "|---|---|---|---|",
@@ -402,7 +407,12 @@ def main() -> int:
     }
     chosen = args.only.split(",") if args.only else list(suite)
     earlier = json.loads((out / "results.json").read_text()) if args.only and (out / "results.json").is_file() else {}
-    results = {name: suite[name]() if name in chosen else earlier[name] for name in suite}
+    today = time.strftime("%Y-%m-%d")
+    here = machine()
+    results = {
+        name: {**suite[name](), "measured": today, "machine": here} if name in chosen else earlier[name]
+        for name in suite
+    }
     write_results(results, out, args.smoke)
     print((out / "RESULTS.md").read_text())
     return 0
