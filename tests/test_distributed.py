@@ -144,7 +144,7 @@ def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tenso
 # Every built-in model with what couples it to the world size: dropout (cnn), BatchNorm (fastcnn), nothing (mlp),
 # augmentation in the data path. In float64 rounding is out of the picture: what is left is any difference in
 # samples, masks, shifts or statistics. In float32 (the default, last case) Adam turns the different summation
-# order of 1 and 2 processes into ~1e-4 of drift over 20 steps; without the keyed dropout it was ~0.7.
+# order of 1 and 2 processes into ~1e-4 of drift over 20 steps; with torch's dropout it is ~1.
 EQUIVALENT = {
     "cnn": (["model=cnn", "trainer.precision=64-true"], 1e-6),
     "fastcnn": (["model=fastcnn", "model.sync_batchnorm=true", "trainer.precision=64-true"], 1e-6),

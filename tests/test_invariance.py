@@ -56,6 +56,7 @@ def test_dropout_rate_and_scale():
     assert out.mean().item() == pytest.approx(1.0, abs=0.02)  # expectation preserved
     assert torch.allclose(out[out != 0], torch.tensor(1 / 0.7))
     assert torch.equal(layer.eval()(torch.ones(3, 4)), torch.ones(3, 4))
+    assert torch.equal(dropped(SampleDropout(1.0).train(), torch.ones(2, 3), torch.arange(2)), torch.zeros(2, 3))
 
 
 def test_uniform_numbers_are_uniform_and_fixed():
@@ -124,6 +125,9 @@ def _global_batchnorm_rank(rank: int, port: int, x: torch.Tensor, out: dict) -> 
     y = layer(part)
     (y * torch.arange(y.numel()).view_as(y)).sum().backward()
     out[rank] = (y.detach(), part.grad, layer.weight.grad, layer.running_mean, layer.running_var)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # precision=bf16-mixed: statistics kept in float32
+        low = GlobalBatchNorm(3)(torch.nn.functional.conv2d(part.detach(), torch.ones(3, 3, 1, 1)))
+    out[f"bf16-{rank}"] = low.dtype
     dist.destroy_process_group()
 
 
@@ -147,6 +151,7 @@ def test_global_batchnorm_over_two_ranks_equals_one_process():
     assert torch.allclose(both, y.detach(), atol=1e-5)
     assert torch.allclose(torch.cat([out[0][1], out[1][1]]), whole.grad, atol=1e-4)
     assert torch.allclose(out[0][2] + out[1][2], one.weight.grad, atol=1e-4)  # DDP sums (then averages) these
+    assert out["bf16-0"] == out["bf16-1"] == torch.bfloat16
     assert torch.allclose(out[0][3], one.running_mean, atol=1e-6) and torch.allclose(
         out[0][4], one.running_var, atol=1e-5
     )

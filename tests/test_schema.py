@@ -2,6 +2,8 @@
 `--cfg job`, `plan=true` and every job of a sweep, before any run dir exists; `--cfg job` needs no torch."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,10 @@ REJECTED = [
     ("precision=fp8", "precision=fp8 is not an option of precision"),
     ("trainer.accelerator=gpu", "trainer.accelerator is set by the plan; set hardware.accelerator instead"),
     ("trainer.max_epoch=3", "trainer.max_epoch is not a config key"),
+    ("+trainer.gradiant_clip_val=1", "trainer.gradiant_clip_val is not a config key"),
+    ("+trainer.devices=2", "trainer.devices is set by the plan; set hardware.devices instead"),
+    ("objective.metric=test/acc", "objective.metric=test/acc is a test metric"),
+    ("seed=1,2", "seed=1,2 holds a list of values: add -m to sweep over them"),
 ]
 
 
@@ -62,6 +68,16 @@ def test_every_job_of_a_sweep_is_checked_before_any_runs(sweep, tmp_path):
     line = one_line(run_cli(["-m", sweep, "trainer.max_steps=1", f"hydra.sweep.dir={sweep_dir}"], tmp_path))
     assert line.startswith("error: sweep job 1 (") and sweep.split("=")[0] in line, line
     no_run_dir_left(sweep_dir)
+
+
+def test_hydra_s_own_flags_and_sweeps_it_expands_itself_still_work(tmp_path):
+    info = run_cli(["--info", "searchpath"], tmp_path / "run")
+    assert info.returncode == 0 and "structured://" in info.stdout, info.stderr[-2000:]
+    globbed = run_cli(["-m", "model=glob(*)", "plan=true", f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
+    assert globbed.returncode == 0 and globbed.stdout.count("Resource plan") == 3, globbed.stderr[-2000:]
+    command = [sys.executable, str(ROOT / "train.py"), "resume=some/run", "--cfg", "job"]
+    resumed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0 and "resume: some/run" in resumed.stdout, resumed.stderr[-2000:]
 
 
 def test_a_good_config_composes_with_its_types():

@@ -78,13 +78,15 @@ class SampleDropout(nn.Module):
 
     def __init__(self, p: float = 0.5, stream: int = 0, channels: bool = False) -> None:
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability {p} must be in [0, 1)")
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability {p} must be in [0, 1]")
         self.p, self.stream, self.channels = p, stream, channels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
+        if self.p == 1.0:
+            return x * 0.0
         keys = _keys.get()
         if keys is None or len(keys) != len(x):
             return (F.dropout2d if self.channels else F.dropout)(x, self.p, True)
@@ -146,6 +148,7 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
             return super().forward(x)
         from torch.distributed.nn.functional import all_reduce  # differentiable: gradients cross ranks too
 
+        dtype, x = x.dtype, x.float()  # statistics in float32 under bf16/16-mixed autocast too
         channels = x.shape[1]
         dims = [0, *range(2, x.dim())]
         shape = (1, channels, *([1] * (x.dim() - 2)))
@@ -164,8 +167,8 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
                 self.running_var.lerp_(unbiased.detach(), momentum)
         y = centered * torch.rsqrt(var.view(shape) + self.eps)
         if self.affine:
-            y = y * self.weight.view(shape) + self.bias.view(shape)
-        return y
+            y = y * self.weight.view(shape).float() + self.bias.view(shape).float()
+        return y.to(dtype)
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
         if x.dim() < 2:

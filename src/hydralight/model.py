@@ -51,13 +51,18 @@ class MLP(nn.Sequential):
 class FastCNN(nn.Sequential):
     """Two 5x5 conv + BatchNorm blocks and one hidden layer: cheap per sample, quick to converge."""
 
-    def __init__(self, channels: list[int] = (16, 32), hidden: int = 128) -> None:  # type: ignore[assignment]
+    def __init__(
+        self,
+        channels: list[int] = (16, 32),
+        hidden: int = 128,
+        conv_bias: bool = True,  # type: ignore[assignment]
+    ) -> None:
         c1, c2 = channels
-        # No conv bias before BatchNorm: it would be removed by the normalization, its gradient is pure
-        # rounding noise, and Adam would turn that noise into steps.
+        # conv_bias=false (model=fastcnn): a bias before BatchNorm is removed by the normalization, its
+        # gradient is rounding noise that Adam turns into steps. The default keeps older checkpoints loadable.
         super().__init__(
-            nn.Conv2d(1, c1, 5, padding=2, bias=False), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 5, padding=2, bias=False), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, c1, 5, padding=2, bias=conv_bias), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 5, padding=2, bias=conv_bias), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(c2 * 7 * 7, hidden), nn.ReLU(), nn.Linear(hidden, NUM_CLASSES),
         )  # fmt: skip
 

@@ -338,6 +338,11 @@ def _task(cfg: DictConfig, hw: HardwarePlan) -> TaskPlan:
 def make_plan(cfg: DictConfig, machine: Machine) -> Plan:
     """Resolve the three layers from a composed config; `auto` values are read off `machine`."""
     cfg = plain(cfg)
+    metric = str(cfg.get("objective", {}).get("metric", "val/acc"))
+    if metric.startswith("test/"):
+        raise UserError(
+            f"objective.metric={metric} is a test metric; tune on validation, e.g. objective.metric=val/acc"
+        )
     if isinstance(cfg.get("seed"), bool) or not isinstance(cfg.get("seed"), int):
         raise UserError(f"seed={cfg.get('seed')} is not an integer; use e.g. seed=42")
     hw = _hardware(cfg.hardware, machine)

@@ -57,7 +57,8 @@ def shared_run_overrides(argv: list[str]) -> list[str]:
 
 def with_shared_run_dir() -> None:
     """Apply `shared_run_overrides` to this process's command line (before Hydra reads it)."""
-    sys.argv += shared_run_overrides(sys.argv[1:])
+    # Before any flag: Hydra's parser takes overrides only ahead of `--cfg job` and the like.
+    sys.argv[1:1] = shared_run_overrides(sys.argv[1:])
 
 
 def _value(argv: list[str], key: str) -> str | None:

@@ -159,6 +159,8 @@ def discard_unused_run_dir(output_dir: Path) -> bool:
     for entry in entries:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     output_dir.rmdir()
+    with contextlib.suppress(OSError):  # the date folder Hydra made for it, when nothing else is in there
+        output_dir.parent.rmdir()
     return True
 
 

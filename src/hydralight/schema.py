@@ -199,11 +199,12 @@ class TrainConf:
 
 
 def register() -> None:
-    """Put the schemas where the config files name them (`defaults: [train_schema]`, `data: [schema]`)."""
+    """Put the schemas where the config files name them (`- train_schema`, `- /schema@_here_: model`)."""
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainConf)
-    store.store(group="model", name="schema", node=ModelConf)
-    store.store(group="data", name="mnist_schema", node=MNISTDataConf)
+    # In a group of their own, so that they are no options of `model` or `data` (a glob() would pick them).
+    store.store(group="schema", name="model", node=ModelConf)
+    store.store(group="schema", name="mnist", node=MNISTDataConf)
 
 
 def plain(cfg: DictConfig) -> DictConfig:
@@ -227,6 +228,8 @@ def explain(err: BaseException, overrides: list[str]) -> str:
     if m := re.search(r"Value '(.*?)' (?:of type '\w+' )?could not be converted to (\w+)", text):
         kind = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}.get(m.group(2), m.group(2))
         return f"{key}={m.group(1)} is not {kind}; give {key} {kind}"
+    if m := re.search(r"Ambiguous value for argument '(.*?)'", text):
+        return f"{m.group(1)} holds a list of values: add -m to sweep over them, or quote it (key='a,b') as one value"
     if m := re.search(r"Value '(.*?)' is not a valid bool", text):
         return f"{key}={m.group(1)} is not true or false; give {key} true or false"
     if re.search(r"Non optional field cannot be assigned None|field '[\w.]+' is not Optional", text):
@@ -238,16 +241,18 @@ def explain(err: BaseException, overrides: list[str]) -> str:
             return f"trainer.{short} is set by the plan; set {PLANNED[short]} instead"
         return f"{name} is not a config key; check the spelling (`--cfg job` prints the config)"
     if m := re.search(r"Could not find '([\w/]+)/([^']+)'(?s:.*?)Available options in '[\w/]+':\n((?:\t.*\n?)*)", text):
-        options = ", ".join(o.strip() for o in m.group(3).split() if o.strip() and o.strip() != "schema")
+        options = ", ".join(o.strip() for o in m.group(3).split() if o.strip())
         group = m.group(1).split("/")[-1]
         return f"{group}={m.group(2)} is not an option of {group}; use one of {options}"
     first = next((line.strip() for line in str(causes[-1]).splitlines() if line.strip()), type(causes[-1]).__name__)
     return f"{where}: {first}" if where else first
 
 
-# Command-line flags of Hydra that take a value, and those that change which config is composed.
+# Command-line flags of Hydra that take a value, those that change which config is composed, and those
+# that only print something about Hydra itself.
 _FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--experimental-rerun")
 _OTHER_CONFIG = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+_HYDRA_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")
 
 
 def compose_jobs(config_dir: str, config_name: str, argv: list[str]) -> list[DictConfig]:
@@ -259,8 +264,8 @@ def compose_jobs(config_dir: str, config_name: str, argv: list[str]) -> list[Dic
 
     from hydralight.errors import UserError
 
-    if any(arg.split("=", 1)[0] in _OTHER_CONFIG for arg in argv):
-        return []  # another config tree: Hydra checks it itself
+    if any(arg.split("=", 1)[0] in _OTHER_CONFIG + _HYDRA_ONLY for arg in argv):
+        return []  # another config tree, or nothing composed: Hydra checks and prints it itself
     overrides, skip = [], False
     for arg in argv:
         if skip or arg in _FLAGS_WITH_VALUE:
@@ -268,22 +273,53 @@ def compose_jobs(config_dir: str, config_name: str, argv: list[str]) -> list[Dic
         elif not arg.startswith("-") and not arg.lstrip("+~").startswith("hydra"):
             overrides.append(arg)
     jobs = [overrides]
-    if "-m" in argv or "--multirun" in argv:
+    if "-m" in argv or "--multirun" in argv or "hydra.mode=MULTIRUN" in argv:
         try:
             parsed = OverridesParser.create().parse_overrides(overrides)
-            basic = not any(a.startswith("hydra/sweeper=") and a != "hydra/sweeper=basic" for a in argv)
-            if basic:
-                jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-            else:  # another sweeper draws its own values: check the config it starts from
-                jobs = [[o.input_line for o in parsed if not o.is_sweep_override()]]
         except Exception as err:
             raise UserError(f"cannot read the sweep: {explain(err, overrides)}") from None
+        basic = not any(a.startswith("hydra/sweeper=") and a != "hydra/sweeper=basic" for a in argv)
+        try:
+            if not basic:
+                raise ValueError("another sweeper draws its own values")
+            jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        except Exception:  # glob() over groups, another sweeper: check the config the sweep starts from
+            jobs = [[o.input_line for o in parsed if not o.is_sweep_override()]]
     configs = []
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         for number, job in enumerate(jobs):
+            prefix = f"sweep job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
             try:
-                configs.append(compose(config_name=config_name, overrides=job))
+                cfg = compose(config_name=config_name, overrides=job)
             except Exception as err:
-                prefix = f"sweep job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
                 raise UserError(prefix + explain(err, job)) from None
+            if unknown := _added_to_a_schema(cfg):
+                short = unknown.split(".")[-1]
+                if unknown.startswith("trainer.") and short in PLANNED:
+                    raise UserError(f"{prefix}trainer.{short} is set by the plan; set {PLANNED[short]} instead")
+                raise UserError(
+                    f"{prefix}{unknown} is not a config key; check the spelling (`--cfg job` prints the config)"
+                )
+            configs.append(cfg)
     return configs
+
+
+def _added_to_a_schema(cfg: DictConfig) -> str | None:
+    """A key that `+key=value` added inside a typed group (Hydra lets it through): the first one found. New
+    top-level keys stay allowed: a namespace of your own harms nothing."""
+    import dataclasses
+
+    def walk(node: Any, path: str) -> str | None:
+        if not isinstance(node, DictConfig):
+            return None
+        kind = OmegaConf.get_type(node)
+        fields = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
+        for key in node:
+            where = f"{path}{key}"
+            if fields is not None and path and key not in fields:
+                return where
+            if fields is not None and (found := walk(node._get_node(key), f"{where}.")):
+                return found
+        return None
+
+    return walk(cfg, "")

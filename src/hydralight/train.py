@@ -130,7 +130,7 @@ def cli() -> None:
     """`python train.py`: settle the run dir (shared by the ranks of a torchrun/srun launch, the earlier
     run's with resume=RUN_DIR, writable in any case), then let Hydra run."""
     with_shared_run_dir()
-    sys.argv += resume_overrides(sys.argv[1:])
+    sys.argv[1:1] = resume_overrides(sys.argv[1:])
     exit_on_user_error(_start)(sys.argv[1:])
 
 
