@@ -54,7 +54,7 @@ def test_a_run_refuses_a_wrong_value_in_one_line(override, message, tmp_path):
     no_run_dir_left(run)
 
 
-@pytest.mark.parametrize("override,message", REJECTED[:6], ids=[o for o, _ in REJECTED[:6]])
+@pytest.mark.parametrize("override,message", REJECTED[:3], ids=[o for o, _ in REJECTED[:3]])
 def test_printing_and_planning_refuse_it_too(override, message, tmp_path):
     for extra in (["--cfg", "job"], ["plan=true"]):
         line = one_line(run_cli([override, *extra], tmp_path / "run"))
