@@ -148,7 +148,8 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
             return super().forward(x)
         from torch.distributed.nn.functional import all_reduce  # differentiable: gradients cross ranks too
 
-        dtype, x = x.dtype, x.float()  # statistics in float32 under bf16/16-mixed autocast too
+        # Statistics in at least float32 (bf16/16-mixed autocast), float64 kept for 64-true.
+        dtype, x = x.dtype, x.to(torch.promote_types(x.dtype, torch.float32))
         channels = x.shape[1]
         dims = [0, *range(2, x.dim())]
         shape = (1, channels, *([1] * (x.dim() - 2)))
@@ -167,7 +168,7 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
                 self.running_var.lerp_(unbiased.detach(), momentum)
         y = centered * torch.rsqrt(var.view(shape) + self.eps)
         if self.affine:
-            y = y * self.weight.view(shape).float() + self.bias.view(shape).float()
+            y = y * self.weight.view(shape).to(x.dtype) + self.bias.view(shape).to(x.dtype)
         return y.to(dtype)
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
