@@ -278,7 +278,9 @@ def compose_jobs(config_dir: str, config_name: str, argv: list[str]) -> list[Dic
             parsed = OverridesParser.create().parse_overrides(overrides)
         except Exception as err:
             raise UserError(f"cannot read the sweep: {explain(err, overrides)}") from None
-        basic = not any(a.startswith("hydra/sweeper=") and a != "hydra/sweeper=basic" for a in argv)
+        basic = not any(
+            a.startswith(("hydra/sweeper=", "hparams_search=")) and a != "hydra/sweeper=basic" for a in argv
+        )
         try:
             if not basic:
                 raise ValueError("another sweeper draws its own values")

@@ -1,0 +1,405 @@
+"""Hyperparameter search: a Hydra sweeper that asks Optuna for trials and runs them through the configured
+launcher (one after another, as local processes, or as SLURM jobs), `hydra.sweeper.n_jobs` at a time.
+
+Written here rather than taken from hydra-optuna-sweeper: its last release pins optuna<3, whose SQLite
+storage fails under SQLAlchemy 2, and one failing trial aborts its whole search.
+
+- The space is Hydra's sweep syntax (`choice(...)`, `range(...)`, `tag(log, interval(a, b))`), from
+  `hydra.sweeper.params` and from sweep overrides on the command line; plain overrides go to every trial.
+- Values of a choice that the resource plan refuses (a batch size that does not split over the devices)
+  are left out before the search starts; a sampled trial the plan refuses is told to Optuna as failed, with
+  its reason, and never launched. A trial whose job fails (NaN loss, crash, killed) counts as failed.
+- With a storage (by default an SQLite file in the sweep dir), the same command continues the study: it
+  runs trials until the study holds `n_trials`, and a trial left running by a stopped search runs again in
+  its own job dir, continuing from its checkpoint.
+- `search.json` (every trial) and `best.yaml` (the best trial and the command that reproduces it) are
+  written into the sweep dir after every batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep, Transformer
+from hydra.plugins.sweeper import Sweeper
+from omegaconf import DictConfig, OmegaConf
+
+from hydralight.errors import UserError, exit_on_user_error
+from hydralight.run_record import discard_unused_run_dir
+
+log = logging.getLogger(__name__)
+
+SEARCH_FILE = "search.json"
+BEST_FILE = "best.yaml"
+# The config group that turns a search on; not part of the command that reproduces a trial.
+PRESET_GROUP = "hparams_search"
+
+
+@dataclass
+class OptunaSearchConf:
+    _target_: str = "hydra_plugins.hydralight_search.OptunaSearch"
+    # Trials the study holds when the search ends (a rerun with a storage runs only the missing ones).
+    n_trials: int = 20
+    # Trials launched together: processes with hydra/launcher=local, jobs with hydra/launcher=slurm.
+    n_jobs: int = 1
+    # The sampler's seed: the same command proposes the same trials.
+    seed: int | None = None
+    # TPE samples at random until this many trials have finished.
+    n_startup_trials: int = 10
+    study_name: str = "search"
+    # An Optuna storage URL (e.g. sqlite:///search.db); null keeps the study in memory (no resume).
+    storage: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
+    # Trials to run first, before sampling (a baseline, settings known to work): [{optim.lr: 1e-3}, ...].
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Dimension:
+    """One searched parameter: its Optuna distribution and how the report should draw it."""
+
+    key: str
+    distribution: Any
+
+    def describe(self) -> dict[str, Any]:
+        import optuna
+
+        d = self.distribution
+        if isinstance(d, optuna.distributions.CategoricalDistribution):
+            return {"kind": "categorical", "choices": list(d.choices)}
+        kind = "int" if isinstance(d, optuna.distributions.IntDistribution) else "float"
+        return {"kind": kind, "low": d.low, "high": d.high, "step": d.step, "log": d.log}
+
+
+def to_dimension(override: Override) -> Dimension:
+    """Hydra sweep syntax -> an Optuna distribution; a glob or a non-sweep value is refused."""
+    import optuna.distributions as dist
+
+    key, value = override.get_key_element(), override.value()
+    tags = getattr(value, "tags", set()) or set()
+    if isinstance(value, ChoiceSweep):
+        choices = list(override.sweep_iterator(transformer=Transformer.identity))
+        return Dimension(key, dist.CategoricalDistribution(choices))
+    if isinstance(value, IntervalSweep):
+        low, high = value.start, value.end
+        if "int" in tags:
+            return Dimension(key, dist.IntDistribution(int(low), int(high), log="log" in tags))
+        return Dimension(key, dist.FloatDistribution(float(low), float(high), log="log" in tags))
+    if isinstance(value, RangeSweep):
+        values = list(override.sweep_iterator(transformer=Transformer.identity))
+        if all(isinstance(v, int) for v in values) and "log" not in tags:
+            return Dimension(key, dist.IntDistribution(values[0], values[-1], step=int(value.step)))
+        return Dimension(key, dist.CategoricalDistribution(values))
+    raise UserError(
+        f"{override.input_line} cannot be searched; use choice(a, b, ...), range(start, stop, step) "
+        "or interval(low, high), tagged log or int: e.g. optim.lr='tag(log, interval(1e-4, 1e-1))'"
+    )
+
+
+def override_text(key: str, value: Any) -> str:
+    """`key=value` as Hydra parses it back to the same value."""
+    if isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, float):
+        text = repr(value)
+    elif isinstance(value, str):
+        text = Transformer.encode(value)
+    else:
+        text = str(value)
+    return f"{key}={text}"
+
+
+def reproduce_command(overrides: list[str]) -> str:
+    """The single run a trial was: its overrides without the search preset."""
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != PRESET_GROUP]
+    return " ".join(["python train.py", *(shlex.quote(o) for o in kept)])
+
+
+class OptunaSearch(Sweeper):
+    """`hydra/sweeper=optuna`: see the module docstring."""
+
+    def __init__(
+        self,
+        n_trials: int,
+        n_jobs: int,
+        seed: int | None,
+        n_startup_trials: int,
+        study_name: str,
+        storage: str | None,
+        params: dict[str, str] | None,
+        enqueue: list[dict[str, Any]] | None = None,
+    ) -> None:
+        if n_trials < 1 or n_jobs < 1:
+            raise UserError(f"hydra.sweeper.n_trials={n_trials} and n_jobs={n_jobs} must be at least 1")
+        self.n_trials, self.n_jobs, self.seed = n_trials, n_jobs, seed
+        self.n_startup_trials, self.study_name, self.storage = n_startup_trials, study_name, storage
+        self.params = dict(params or {})
+        self.enqueue = [dict(OmegaConf.to_container(t) if isinstance(t, DictConfig) else t) for t in enqueue or []]
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.hydra_context, self.config = hydra_context, config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        self.executor = getattr(self.launcher, "_EXECUTOR", "local")
+
+    # -- the search ---------------------------------------------------------------------------------
+
+    @exit_on_user_error
+    def sweep(self, arguments: list[str]) -> list[Any]:
+        import optuna
+
+        try:
+            fixed, space = self._split(arguments)
+            space = {key: self._feasible(dim, fixed) for key, dim in space.items()}
+        except UserError:
+            discard_unused_run_dir(self.sweep_dir)  # refused before any trial: no sweep dir left behind
+            raise
+        direction = "maximize" if str(self.config.objective.direction) == "max" else "minimize"
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(
+            study_name=self.study_name,
+            storage=self.storage,
+            sampler=optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=self.n_startup_trials),
+            direction=direction,
+            load_if_exists=True,
+        )
+        if study.direction.name.lower() != direction:
+            raise UserError(
+                f"the study {self.study_name} in {self.storage} was made to {study.direction.name.lower()}, not to "
+                f"{direction}; set hydra.sweeper.study_name to start another study"
+            )
+        self._check_same_space(study, space)
+        self.fixed, self.space = fixed, space
+        if not study.trials:  # a new study: the given trials first (a continued one has run them already)
+            for params in self.enqueue:
+                if unknown := set(params) - set(space):
+                    raise UserError(f"hydra.sweeper.enqueue names {', '.join(sorted(unknown))}, which is not searched")
+                study.enqueue_trial(params)
+        # Trials a stopped search left running: run again in their own job dirs (they continue from there).
+        stale = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+        if stale:
+            log.info(f"continuing study {self.study_name}: {len(study.trials)} trial(s) so far, {len(stale)} to rerun")
+        next_job = self._next_job_number()
+        returns: list[Any] = []
+        while True:
+            batch = stale[: self.n_jobs]
+            stale = stale[self.n_jobs :]
+            rerun = bool(batch)
+            while not rerun and len(batch) < self.n_jobs and len(study.trials) < self.n_trials:
+                trial = study.ask({key: dim.distribution for key, dim in space.items()})
+                if (reason := self._refusal(self._overrides(trial.params))) is not None:
+                    log.warning(f"trial {trial.number} not run: {reason}")
+                    trial.set_user_attr("reason", reason)
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    continue
+                trial.set_user_attr("job", str(next_job + len(batch)))
+                batch.append(trial)
+            if not batch:
+                break
+            returns += self._run(study, batch, rerun, next_job)
+            next_job = self._next_job_number()
+            self._write_results(study)
+        self._write_results(study)
+        return returns
+
+    def _run(self, study: Any, batch: list[Any], rerun: bool, next_job: int) -> list[Any]:
+        """Launch the trials of one batch, then tell Optuna each one's objective (or that it failed)."""
+        import optuna
+
+        jobs = [int(t.user_attrs["job"]) for t in batch]
+        returns = []
+        # A launcher numbers the jobs of one call consecutively; reruns keep their own numbers.
+        for first, group in self._consecutive(jobs, batch) if rerun else [(next_job, batch)]:
+            overrides = [self._overrides(t.params) for t in group]
+            for trial, job_overrides in zip(group, overrides, strict=True):
+                log.info(f"trial {trial.number} (job {trial.user_attrs['job']}): {' '.join(job_overrides)}")
+            returns += list(self.launcher.launch(overrides, initial_job_idx=first))
+        for trial in batch:
+            value, reason = self._outcome(trial.user_attrs["job"])
+            if value is None:
+                log.warning(f"trial {trial.number} failed: {reason}")
+                study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            else:
+                log.info(f"trial {trial.number}: {self.config.objective.metric}={value:.6g}")
+                study.tell(trial.number, value)
+        return returns
+
+    def _check_same_space(self, study: Any, space: dict[str, Dimension]) -> None:
+        """A continued study keeps each parameter's kind and choices (Optuna refuses them changed mid-study)."""
+        for trial in study.trials:
+            for key, before in trial.distributions.items():
+                if (now := space.get(key)) is None:
+                    continue
+                if type(now.distribution) is not type(before) or (
+                    hasattr(before, "choices") and now.distribution != before
+                ):
+                    raise UserError(
+                        f"the study {self.study_name} searched {key} as {before}, now {now.distribution}; "
+                        "search the same space to continue it, or set hydra.sweeper.study_name to start another"
+                    )
+
+    @staticmethod
+    def _consecutive(jobs: list[int], trials: list[Any]) -> list[tuple[int, list[Any]]]:
+        groups: list[tuple[int, list[Any]]] = []
+        for job, trial in sorted(zip(jobs, trials, strict=True), key=lambda pair: pair[0]):
+            if groups and groups[-1][0] + len(groups[-1][1]) == job:
+                groups[-1][1].append(trial)
+            else:
+                groups.append((job, [trial]))
+        return groups
+
+    # -- the space ----------------------------------------------------------------------------------
+
+    def _split(self, arguments: list[str]) -> tuple[list[str], dict[str, Dimension]]:
+        """Overrides every trial gets, and the searched dimensions (the command line's win over the preset's)."""
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        preset = [f"{key}={value}" for key, value in self.params.items()]
+        try:
+            parsed = parser.parse_overrides(preset + list(arguments))
+        except Exception as err:
+            raise UserError(f"cannot read the search space: {str(err).strip().splitlines()[0]}") from None
+        fixed: dict[str, str] = {}
+        space: dict[str, Dimension] = {}
+        for override in parsed:
+            key = override.get_key_element()
+            fixed.pop(key, None)
+            space.pop(key, None)
+            if override.is_sweep_override():
+                space[key] = to_dimension(override)
+            else:
+                fixed[key] = override.input_line
+        if not space:
+            raise UserError(
+                "nothing to search: give hydra.sweeper.params or a sweep override such as "
+                "optim.lr='tag(log, interval(1e-4, 1e-1))'"
+            )
+        return list(fixed.values()), space
+
+    def _feasible(self, dim: Dimension, fixed: list[str]) -> Dimension:
+        """The dimension without the choices the resource plan refuses (checked with every other key as given)."""
+        import optuna.distributions as dist
+
+        if not isinstance(dim.distribution, dist.CategoricalDistribution):
+            return dim
+        kept = []
+        for value in dim.distribution.choices:
+            if (reason := self._refusal([*fixed, override_text(dim.key, value)])) is None:
+                kept.append(value)
+            else:
+                log.warning(f"{dim.key}={value} left out of the search: {reason}")
+        if not kept:
+            raise UserError(f"every value of {dim.key} is refused; the last: {reason}")
+        return Dimension(dim.key, dist.CategoricalDistribution(kept))
+
+    def _overrides(self, params: dict[str, Any]) -> list[str]:
+        return [*self.fixed, *(override_text(key, value) for key, value in params.items())]
+
+    def _refusal(self, overrides: list[str]) -> str | None:
+        """Why the job with these overrides cannot run (its config or its plan), or None."""
+        from hydralight.schema import explain
+        from hydralight.slurm import job_resources
+
+        try:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        except Exception as err:
+            return explain(err, overrides)
+        try:
+            job_resources(cfg, self.executor)
+        except UserError as err:
+            return str(err)
+        return None
+
+    # -- results ------------------------------------------------------------------------------------
+
+    def _next_job_number(self) -> int:
+        numbers = [int(p.name) for p in self.sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+        jobs_file = self.sweep_dir / "jobs.json"
+        if jobs_file.is_file():  # submitted jobs that have not made their dir yet
+            numbers += [int(n) for n in json.loads(jobs_file.read_text()) if n.isdigit()]
+        return max(numbers, default=-1) + 1
+
+    def _outcome(self, job: str) -> tuple[float | None, str | None]:
+        """A trial's objective from its job's results.json, or why there is none (from its manifest)."""
+        job_dir = self.sweep_dir / job
+        results, manifest = job_dir / "results.json", job_dir / "manifest.json"
+        if results.is_file():
+            value = (json.loads(results.read_text()).get("objective") or {}).get("value")
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                return float(value), None
+            return None, f"{self.config.objective.metric} is {value} (never validated?)"
+        if manifest.is_file():
+            data = json.loads(manifest.read_text())
+            return None, f"{data.get('status')}: {data.get('error') or '-'}"
+        return None, f"the job wrote no result; see its log under {self.sweep_dir}/.submitit or {job_dir}"
+
+    def _write_results(self, study: Any) -> None:
+        import optuna
+
+        trials = []
+        for t in study.trials:
+            job = t.user_attrs.get("job")
+            reason = t.user_attrs.get("reason")
+            if t.state == optuna.trial.TrialState.FAIL and reason is None and job is not None:
+                reason = self._outcome(job)[1]
+            trials.append({"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+                           "job": job, "reason": reason})  # fmt: skip
+        best = None
+        if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+            b = study.best_trial
+            overrides = self._overrides(b.params)
+            best = {"number": b.number, "value": b.value, "params": b.params, "job": b.user_attrs.get("job"),
+                    "command": reproduce_command(overrides)}  # fmt: skip
+        objective = {"metric": str(self.config.objective.metric), "direction": str(self.config.objective.direction)}
+        summary = {
+            "objective": objective,
+            "study_name": self.study_name,
+            "storage": self.storage,
+            "fixed": self.fixed,
+            "space": {key: dim.describe() for key, dim in self.space.items()},
+            "trials": trials,
+            "best": best,
+        }
+        (self.sweep_dir / SEARCH_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        if best is not None:
+            results = self.sweep_dir / str(best["job"]) / "results.json"
+            test_acc = json.loads(results.read_text()).get("test/acc") if results.is_file() else None
+            best_file = {**objective, **best, "job_dir": str(self.sweep_dir / str(best["job"])), "test/acc": test_acc}
+            (self.sweep_dir / BEST_FILE).write_text(yaml.safe_dump(best_file, sort_keys=False))
+
+
+def search_outcome(sweep_dir: Path) -> tuple[str, bool] | None:
+    """One line on how a search ended (trials done, failed with their reasons, the best), and whether any
+    trial succeeded; None when the dir holds no search."""
+    path = sweep_dir / SEARCH_FILE
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    found, best = summary["trials"], summary["best"]
+    done = [t for t in found if t["state"] == "COMPLETE"]
+    failed = [t for t in found if t["state"] == "FAIL"]
+    line = f"search {sweep_dir}: {len(done)} of {len(found)} trials done"
+    if failed:
+        line += (
+            f", {len(failed)} failed ("
+            + "; ".join(f"#{t['number']}: {(t['reason'] or '-')[:160]}" for t in failed)
+            + ")"
+        )
+    if best is not None:
+        shown = " ".join(override_text(k, v) for k, v in best["params"].items())
+        line += f"; best {summary['objective']['metric']}={best['value']:.6g} (trial {best['number']}): {shown}"
+    line += f"; details: {sweep_dir / BEST_FILE}, python scripts/sweep_report.py {sweep_dir}"
+    return line, bool(done)

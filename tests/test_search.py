@@ -1,0 +1,155 @@
+"""Hyperparameter search (hydralight.search): real trials through the CLI, Optuna's SQLite storage, SLURM."""
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import TINY, csv_rows, one_line, run_cli
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from test_slurm import cluster  # noqa: F401  (the fixture that brings the local SLURM cluster up)
+from test_slurm import sweep as slurm_sweep
+
+from hydralight.errors import UserError
+from hydralight.search import override_text, reproduce_command, to_dimension
+
+# A short trial: a few steps of the MLP on tiny data, so the learning rate decides the validation accuracy.
+TRIAL = [*TINY, "trainer.limit_train_batches=3", "batch.global_size=choice(16, 32, 64)"]
+NAN = {"optim.lr": 1e12, "batch.global_size": 32}  # SGD at this rate overflows within a step or two
+
+
+def search(args: list[str], sweep_dir: Path, data: Path, preset: str = "hparams_search=optuna"):
+    return run_cli(["-m", preset, "optim=sgd", "optim.lr_scaling=none", *TRIAL, *args,
+                    f"hydra.sweep.dir={sweep_dir}"], sweep_dir, data)  # fmt: skip
+
+
+def trials(sweep_dir: Path) -> list[dict]:
+    return json.loads((sweep_dir / "search.json").read_text())["trials"]
+
+
+def best_val(run: Path) -> float:
+    return max(float(r["val/acc"]) for r in csv_rows(run) if "val/acc" in r)
+
+
+def enqueue(*params: dict) -> str:
+    items = ",".join("{" + ",".join(f"{k}:{v}" for k, v in p.items()) + "}" for p in params)
+    return f"hydra.sweeper.enqueue=[{items}]"
+
+
+def test_sweep_syntax_maps_to_optuna_distributions():
+    parse = OverridesParser.create().parse_overrides
+    lr, size, steps, width = parse(
+        [
+            "optim.lr=tag(log, interval(1e-4, 1e-1))",
+            "batch.global_size=choice(32, 64)",
+            "trainer.max_steps=range(10, 40, 10)",
+            "x.width=tag(int, interval(8, 64))",
+        ]  # fmt: skip
+    )
+    assert to_dimension(lr).describe() == {"kind": "float", "low": 1e-4, "high": 0.1, "step": None, "log": True}
+    assert to_dimension(size).describe() == {"kind": "categorical", "choices": [32, 64]}
+    assert to_dimension(steps).describe() == {"kind": "int", "low": 10, "high": 30, "step": 10, "log": False}
+    assert to_dimension(width).describe() == {"kind": "int", "low": 8, "high": 64, "step": 1, "log": False}
+    with pytest.raises(UserError, match="cannot be searched"):
+        to_dimension(parse(["model=glob(*)"])[0])
+    # A sampled value goes back to Hydra as the same value.
+    for value in (1e-05, 0.003, 64, True, "a b", "relu"):
+        (parsed,) = parse([override_text("k", value)])
+        assert parsed.value() == value
+    assert reproduce_command(["hparams_search=optuna", "optim.lr=0.01"]) == "python train.py optim.lr=0.01"
+
+
+def test_a_search_survives_a_failing_trial_and_names_the_best(tiny_data, tmp_path):
+    sweep_dir = tmp_path / "search"
+    result = search(["hydra.sweeper.n_trials=4", enqueue(NAN, {"optim.lr": 0.05, "batch.global_size": 32})],
+                    sweep_dir, tiny_data)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = trials(sweep_dir)
+    assert [t["number"] for t in found] == [0, 1, 2, 3]
+    assert found[0]["state"] == "FAIL" and "the loss is" in found[0]["reason"]
+    complete = [t for t in found if t["state"] == "COMPLETE"]
+    assert len(complete) == 3
+    for trial in complete:
+        # The objective is the job's best validation accuracy, never its test accuracy.
+        assert trial["value"] == pytest.approx(best_val(sweep_dir / trial["job"]), abs=1e-6)
+    best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
+    assert best["value"] == max(t["value"] for t in complete)
+    assert best["metric"] == "val/acc" and best["test/acc"] is not None
+    assert "hparams_search" not in best["command"] and f"optim.lr={best['params']['optim.lr']!r}" in best["command"]
+    assert "search" in result.stdout + result.stderr and "1 failed" in result.stdout + result.stderr
+    # The command in best.yaml is the best trial again, as a single run.
+    args = best["command"].split()[2:]
+    rerun = run_cli(args, tmp_path / "rerun", tiny_data)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert best_val(tmp_path / "rerun") == pytest.approx(best["value"], abs=1e-6)
+
+
+def test_a_search_with_storage_continues_its_study(tiny_data, tmp_path):
+    sweep_dir = tmp_path / "search"
+    common = ["hydra/launcher=local", "hydra.sweeper.n_jobs=2", "hydra.sweeper.seed=3"]
+    first = search([*common, "hydra.sweeper.n_trials=2"], sweep_dir, tiny_data)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert [t["state"] for t in trials(sweep_dir)] == ["COMPLETE", "COMPLETE"]
+    stamps = lambda jobs: {job: (sweep_dir / job / "results.json").stat().st_mtime for job in jobs}  # noqa: E731
+    first_two = stamps(["0", "1"])
+    # A search stopped while trial 2 ran: the study holds it as running, its job dir is 2.
+    storage = f"sqlite:///{sweep_dir / 'optuna.db'}"
+    study = optuna.load_study(study_name="search", storage=storage)
+    stopped = study.ask({"optim.lr": optuna.distributions.FloatDistribution(1e-4, 3e-2, log=True),
+                         "batch.global_size": optuna.distributions.CategoricalDistribution([16, 32, 64])})  # fmt: skip
+    stopped.set_user_attr("job", "2")
+
+    again = search([*common, "hydra.sweeper.n_trials=4"], sweep_dir, tiny_data)
+    assert again.returncode == 0, again.stderr[-3000:]
+    found = trials(sweep_dir)
+    assert [(t["number"], t["state"], t["job"]) for t in found] == [
+        (0, "COMPLETE", "0"), (1, "COMPLETE", "1"), (2, "COMPLETE", "2"), (3, "COMPLETE", "3")
+    ]  # fmt: skip
+    assert found[2]["params"] == stopped.params  # the stopped trial ran as it was asked, in its own dir
+    assert stamps(["0", "1"]) == first_two
+    # Nothing left to do: the same command again runs no trial.
+    all_four = stamps(["0", "1", "2", "3"])
+    done = search([*common, "hydra.sweeper.n_trials=4"], sweep_dir, tiny_data)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(trials(sweep_dir)) == 4 and stamps(["0", "1", "2", "3"]) == all_four
+    # Other choices cannot continue this study (Optuna keeps a parameter's choices): one line, nothing run.
+    changed = search([*common, "hydra.sweeper.n_trials=5", "batch.global_size=choice(16, 32)"], sweep_dir, tiny_data)
+    assert "search the same space to continue it" in one_line(changed)
+    assert len(trials(sweep_dir)) == 4
+
+
+def test_values_the_plan_refuses_are_left_out_and_a_space_with_none_is_one_line(tiny_data, tmp_path):
+    refused = search(["hardware.devices=2", "batch.global_size=choice(33, 35)"], tmp_path / "none", tiny_data)
+    line = one_line(refused)
+    assert "every value of batch.global_size is refused" in line and "divisible" in line
+    assert not (tmp_path / "none").exists()
+    nothing = search(["batch.global_size=16"], tmp_path / "empty", tiny_data, preset="hydra/sweeper=optuna")
+    assert "nothing to search" in one_line(nothing)
+
+
+@pytest.mark.slow
+def test_a_refused_batch_size_is_never_tried(tiny_data, tmp_path):
+    sweep_dir = tmp_path / "search"
+    result = search(["hardware.devices=2", "hydra.sweeper.n_trials=2", "batch.global_size=choice(33, 32)"],
+                    sweep_dir, tiny_data)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "batch.global_size=33 left out of the search" in result.stdout + result.stderr
+    space = json.loads((sweep_dir / "search.json").read_text())["space"]
+    assert space["batch.global_size"]["choices"] == [32]
+    assert {t["params"]["batch.global_size"] for t in trials(sweep_dir)} == {32}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("cluster")
+def test_search_trials_run_as_slurm_jobs(tiny_data, tmp_path):
+    sweep_dir = tmp_path / "search"
+    args = ["hparams_search=optuna", "optim=sgd", *TRIAL, "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2"]
+    code, output = slurm_sweep(args, sweep_dir, tiny_data)
+    assert code == 0, output[-3000:]
+    found = trials(sweep_dir)
+    assert [t["state"] for t in found] == ["COMPLETE", "COMPLETE"]
+    submitted = json.loads((sweep_dir / "jobs.json").read_text())
+    assert sorted(submitted) == ["0", "1"] and all(entry["job_id"] for entry in submitted.values())
+    for trial in found:
+        assert trial["value"] == pytest.approx(best_val(sweep_dir / trial["job"]), abs=1e-6)
