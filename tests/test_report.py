@@ -1,13 +1,23 @@
-"""A real 2 x 2 sweep, then its report."""
+"""A real 2 x 2 sweep, then its report; synthetic grid, search and scaling sweep dirs; a real scaling sweep."""
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY, run_cli
+import yaml
+from conftest import ROOT, TINY, csv_rows, run_cli
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from hydralight.plan import Machine, make_plan
+from hydralight.report import curves_figure, find_jobs, write_report
+from hydralight.scaling_report import machine_note, scaling_figure
+from hydralight.search_report import history_figure, load_search, pair_figure, params_figure
+from hydralight.train import CONFIG_DIR
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +113,261 @@ def test_a_failing_job_does_not_stop_the_sweep(tiny_data, tmp_path, launcher):
     assert "no checkpoint was saved before it" in manifest["error"] or "holds the last state" in manifest["error"]
     shown = report(sweep_dir)
     assert "Failed: 1 (failed: the loss is" in shown.stdout
+
+
+# Synthetic sweep dirs, written as a real run writes its files: the report is checked on known numbers.
+
+CPU_BOX = Machine(cpu_cores=2, memory_gb=8.0)
+MACHINE = {"hostname": "box7", "cpu_model": "Test CPU", "cpu_cores": 2, "memory_gb": 8.0, "gpus": [],
+           "cuda": None, "cudnn": None, "nccl": None}  # fmt: skip
+HEADER = ["epoch", "lr-Adam", "step", "test/acc", "test/loss", "test/samples", "train/loss_epoch",
+          "train/loss_step", "val/acc", "val/loss", "val/samples"]  # fmt: skip
+
+
+def plan_of(*overrides: str) -> dict:
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        return make_plan(compose("train", overrides=list(overrides)), CPU_BOX).to_dict()
+
+
+def write_job(sweep_dir, name, overrides, *, plan=None, steps=10, vals=(), samples_per_s=1000.0, test_acc=0.9,
+              status="finished"):  # fmt: skip
+    """A job folder: Hydra's overrides, Lightning's metrics.csv (a row per logged value: the learning rate,
+    a train loss, a validation), plan.yaml, manifest.json and, when finished, results.json."""
+    job = sweep_dir / name
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    (job / "csv").mkdir()
+    with (job / "csv" / "metrics.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=HEADER)
+        writer.writeheader()
+        for step in range(steps):
+            writer.writerow({"lr-Adam": 0.001, "step": step})
+            writer.writerow({"epoch": 0, "step": step, "train/loss_step": 2.0 / (step + 1)})
+        for step, acc in vals:
+            writer.writerow({"epoch": 0, "step": step, "val/acc": acc, "val/loss": 1 - acc, "val/samples": 100})
+        writer.writerow({"epoch": 1, "step": steps, "test/acc": test_acc, "test/loss": 0.3, "test/samples": 200})
+    plan = plan or plan_of("hardware=cpu")
+    (job / "plan.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(plan)))
+    manifest = {"status": status, "overrides": list(overrides), "machine": MACHINE, "plan": plan,
+                "started_at": "2026-01-31T12:00:00.000+00:00", "finished_at": "2026-01-31T12:00:30.000+00:00",
+                "error": "the loss is nan" if status == "failed" else None}  # fmt: skip
+    (job / "manifest.json").write_text(json.dumps(manifest))
+    if status == "finished":
+        results = {"epochs": 1, "global_step": steps, "metrics": {"test/acc": test_acc}, "test/acc": test_acc,
+                   "objective": {"metric": "val/acc", "value": max((a for _, a in vals), default=None)},
+                   "fit_seconds": 30.0, "samples_per_second": samples_per_s}  # fmt: skip
+        (job / "results.json").write_text(json.dumps(results))
+    return job
+
+
+def assert_png(path):
+    assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_curves_show_every_logged_point_by_step(tmp_path):
+    # One-epoch runs: a val/acc per epoch would be one dot a job; by step every logged point shows.
+    write_job(tmp_path, "0", ["optim.lr=0.001"], steps=12, vals=[(5, 0.8), (11, 0.9)])
+    write_job(tmp_path, "1", ["optim.lr=0.01"], steps=7, vals=[(6, 0.95)])
+    jobs = find_jobs(tmp_path)
+    assert jobs[0].train_loss[:2] == [(0, 2.0), (1, 1.0)] and len(jobs[0].train_loss) == 12
+    assert jobs[0].val_acc == [(5, 0.8), (11, 0.9)]
+    assert (jobs[0].best_val_acc, jobs[0].curve) == (0.9, [(0, 0.9)])  # best of val/acc, per epoch kept
+    fig = curves_figure(jobs, ["optim.lr"])
+    loss, acc = fig.axes[:2]
+    assert [len(line.get_xdata()) for line in loss.lines] == [12, 7]
+    assert [list(line.get_xdata()) for line in acc.lines] == [[5, 11], [6]]
+    assert [line.get_label() for line in acc.lines] == ["optim.lr=0.001", "optim.lr=0.01"]
+    assert (loss.get_xlabel(), loss.get_ylabel(), acc.get_ylabel()) == ("step", "train/loss_step", "val/acc")
+    summary = write_report(tmp_path)
+    assert_png(tmp_path / "curves.png")
+    assert summary["search"] is None and summary["scaling"] == [] and not (tmp_path / "scaling.png").exists()
+
+
+SPACE = {
+    "optim.lr": {"kind": "float", "low": 0.0001, "high": 0.03, "step": None, "log": True},
+    "batch.global_size": {"kind": "categorical", "choices": [32, 64, 128]},
+}
+
+
+def write_search(sweep_dir, direction="max", space=SPACE):
+    """A search of five trials: three complete (jobs 0-2), one refused before it ran, one still running."""
+    params = [{"optim.lr": 0.001, "batch.global_size": 64}, {"optim.lr": 0.02, "batch.global_size": 32},
+              {"optim.lr": 0.0003, "batch.global_size": 128}, {"optim.lr": 0.005, "batch.global_size": 128},
+              {"optim.lr": 0.002, "batch.global_size": 32}]  # fmt: skip
+    values = [0.95, 0.97, 0.91]
+    for n in range(3):
+        shown = [f"{k}={v}" for k, v in params[n].items()]
+        write_job(sweep_dir, str(n), ["trainer.max_epochs=1", *shown], vals=[(9, values[n])], test_acc=0.5 + n / 10)
+    trials = [{"number": n, "state": "COMPLETE", "value": values[n], "params": params[n], "job": str(n), "reason": None}
+              for n in range(3)]  # fmt: skip
+    refused = "batch.global_size=128 refused: not divisible | by 3"
+    trials.append({"number": 3, "state": "FAIL", "value": None, "params": params[3], "job": None, "reason": refused})
+    trials.append({"number": 4, "state": "RUNNING", "value": None, "params": params[4], "job": "3", "reason": None})
+    best = 1 if direction == "max" else 2
+    search = {
+        "objective": {"metric": "val/acc", "direction": direction},
+        "study_name": "search",
+        "storage": "sqlite:///optuna.db",
+        "fixed": ["trainer.max_epochs=1"],
+        "space": space,
+        "trials": trials,
+        "best": {
+            "number": best,
+            "value": values[best],
+            "params": params[best],
+            "job": str(best),
+            "command": f"python train.py trainer.max_epochs=1 optim.lr={params[best]['optim.lr']}",
+        },  # fmt: skip
+    }
+    (sweep_dir / "search.json").write_text(json.dumps(search))
+
+
+def table_rows(markdown: str, header: str) -> list[list[str]]:
+    lines = markdown[markdown.index(header) :].splitlines()
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
+    return rows
+
+
+@pytest.mark.parametrize("direction,order", [("max", ["1", "0", "2"]), ("min", ["2", "0", "1"])])
+def test_search_section_ranks_trials_in_the_studys_direction(tmp_path, direction, order):
+    write_search(tmp_path, direction)
+    summary = write_report(tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    rows = table_rows(text, "| trial | state | val/acc | optim.lr | batch.global_size | job | test/acc |")
+    # Complete trials best first, then the failed one with its reason, then the running one.
+    assert [r[0] for r in rows] == [*order, "3", "4"]
+    assert [r[1] for r in rows[:3]] == ["COMPLETE"] * 3
+    assert rows[3][1] == "FAIL: batch.global_size=128 refused: not divisible \\| by 3"
+    assert rows[3][5:] == ["-", "-"] and rows[4][1] == "RUNNING"
+    # The test accuracy comes from each job's results.json: shown, never used to rank.
+    assert [r[6] for r in rows[:3]] == [f"{0.5 + int(n) / 10:.6g}" for n in order]
+    best = order[0]
+    assert f"Best: trial {best}, val/acc={[0.95, 0.97, 0.91][int(best)]:.6g}: optim.lr=" in text
+    assert "Command: `python train.py trainer.max_epochs=1 optim.lr=" in text
+    assert f"Objective: val/acc, {direction}" in text and "Every trial: `trainer.max_epochs=1`" in text
+    assert "5 trials: 3 complete, 1 failed, 1 running." in text
+    for name in ("history.png", "params.png", "heatmap.png", "curves.png"):
+        assert_png(tmp_path / name)
+        assert tmp_path / name in summary["files"] and f"]({name})" in text
+
+
+def test_search_plots_use_log_axes_where_the_space_says_log(tmp_path):
+    write_search(tmp_path)
+    search = load_search(tmp_path)
+    lr, size = params_figure(search).axes
+    assert (lr.get_xlabel(), lr.get_xscale()) == ("optim.lr", "log")
+    # A categorical parameter sits at positions 0, 1, 2, labelled with its choices.
+    assert (size.get_xscale(), [t.get_text() for t in size.get_xticklabels()]) == ("linear", ["32", "64", "128"])
+    assert sorted(size.lines[0].get_xdata()) == [0.0, 1.0, 2.0]
+    pair = pair_figure(search).axes[0]
+    assert (pair.get_xscale(), pair.get_yscale()) == ("log", "linear")
+    assert [list(p) for p in pair.collections[0].get_offsets()] == [[0.001, 1.0], [0.02, 0.0], [0.0003, 2.0]]
+    linear = load_search(tmp_path)
+    linear.space = {**SPACE, "optim.lr": {**SPACE["optim.lr"], "log": False}}
+    assert params_figure(linear).axes[0].get_xscale() == "linear"
+
+
+def test_search_history_marks_failures_and_the_best_so_far(tmp_path):
+    write_search(tmp_path, "min")
+    ax = history_figure(load_search(tmp_path)).axes[0]
+    trials, best, failed = ax.lines
+    assert list(trials.get_xdata()) == [0, 1, 2] and list(trials.get_ydata()) == [0.95, 0.97, 0.91]
+    # The lowest so far (direction min), held to the last trial.
+    assert list(best.get_xdata()) == [0, 1, 2, 4] and list(best.get_ydata()) == [0.95, 0.95, 0.91, 0.91]
+    assert list(failed.get_xdata()) == [3] and failed.get_label() == "failed"
+
+
+def test_a_search_of_three_parameters_has_no_heatmap(tmp_path):
+    space = {**SPACE, "optim.momentum": {"kind": "float", "low": 0.5, "high": 0.99, "step": None, "log": False}}
+    write_search(tmp_path, space=space)
+    write_report(tmp_path)
+    assert not (tmp_path / "heatmap.png").exists()
+    assert len(params_figure(load_search(tmp_path)).axes) == 3
+
+
+def test_scaling_efficiency_from_known_samples_per_second(tmp_path):
+    # Ideal: linear from world size 1. Efficiency: samples/s at N / (N x samples/s at 1).
+    for name, devices, speed in (("0", 1, 1000.0), ("1", 2, 1800.0), ("2", 4, 3000.0)):
+        overrides = ["experiment=scaling", "hardware=cpu", f"hardware.devices={devices}"]
+        write_job(tmp_path, name, overrides, plan=plan_of("hardware=cpu", f"hardware.devices={devices}"),
+                  samples_per_s=speed)  # fmt: skip
+    # The world size is the plan's, not the override's: `auto` resolved to one process here.
+    write_job(tmp_path, "3", ["experiment=scaling", "hardware=cpu", "hardware.devices=auto"], samples_per_s=1000.0)
+    jobs = find_jobs(tmp_path)
+    assert [j.world_size for j in jobs] == [1, 2, 4, 1]
+    summary = write_report(tmp_path)
+    points = {p.world_size: p for p in summary["scaling"]}
+    assert points[1].samples_per_s == 1000.0 and points[1].jobs == ("0", "3")
+    assert [round(points[n].efficiency, 4) for n in (1, 2, 4)] == [1.0, 0.9, 0.75]
+    assert [points[n].ideal for n in (1, 2, 4)] == [1000.0, 2000.0, 4000.0]
+    text = (tmp_path / "report.md").read_text()
+    rows = table_rows(text, "| world size | jobs | samples/s | ideal samples/s | speed-up | efficiency |")
+    assert rows == [["1", "0, 3", "1000.0", "1000.0", "1.00x", "100%"], ["2", "1", "1800.0", "2000.0", "1.80x", "90%"],
+                    ["4", "2", "3000.0", "4000.0", "3.00x", "75%"]]  # fmt: skip
+    assert "Measured on box7: no GPU, 2 CPU cores (Test CPU), 8 GB memory." in text
+    assert "on a small CPU the figures are what this machine gives" in text
+    assert_png(tmp_path / "scaling.png")
+    fig = scaling_figure(summary["scaling"], machine_note(jobs, summary["scaling"]))
+    assert "box7" in fig._suptitle.get_text()
+    speed, efficiency = fig.axes
+    assert list(speed.lines[1].get_ydata()) == [1000.0, 2000.0, 4000.0]  # the ideal line
+    assert [round(y, 4) for y in efficiency.lines[0].get_ydata()] == [100.0, 90.0, 75.0]
+
+
+def test_other_swept_keys_make_scaling_series_of_their_own(tmp_path):
+    for name, devices, size, speed in (("0", 1, 64, 500.0), ("1", 2, 64, 800.0), ("2", 1, 128, 900.0),
+                                       ("3", 2, 128, 1700.0)):  # fmt: skip
+        overrides = [f"hardware.devices={devices}", f"batch.global_size={size}"]
+        plan = plan_of("hardware=cpu", *overrides)
+        write_job(tmp_path, name, ["hardware=cpu", *overrides], plan=plan, samples_per_s=speed)
+    points = write_report(tmp_path)["scaling"]
+    assert [(p.series, p.world_size, round(p.efficiency, 4)) for p in points] == [
+        ("batch.global_size=64", 1, 1.0), ("batch.global_size=64", 2, 0.8),
+        ("batch.global_size=128", 1, 1.0), ("batch.global_size=128", 2, round(1700 / 1800, 4)),
+    ]  # fmt: skip
+    assert "| series | world size |" in (tmp_path / "report.md").read_text()
+
+
+def test_no_scaling_section_when_every_job_ran_on_one_world_size(tmp_path):
+    write_job(tmp_path, "0", ["optim.lr=0.001"], vals=[(9, 0.9)])
+    write_job(tmp_path, "1", ["optim.lr=0.01"], plan=plan_of("hardware=cpu", "hardware.devices=2"), status="failed")
+    summary = write_report(tmp_path)
+    assert summary["scaling"] == [] and "## Scaling" not in (tmp_path / "report.md").read_text()
+
+
+def test_the_scaling_preset_composes_a_fixed_step_job():
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=scaling", "hardware=cpu", "hardware.devices=2"])
+    trainer = cfg.trainer
+    assert trainer.max_epochs is None and trainer.max_steps > 0 and trainer.check_val_every_n_epoch is None
+    # One validation, at the last step: the best-checkpoint callback still sees its metric.
+    assert trainer.val_check_interval == trainer.max_steps
+    assert cfg.callbacks.model_checkpoint.monitor == "val/acc" and cfg.callbacks.last_checkpoint is None
+    assert "csv" in cfg.logger and make_plan(cfg, CPU_BOX).hardware.world_size == 2
+
+
+@pytest.mark.slow
+def test_a_real_scaling_sweep_reports_its_efficiency(tiny_data, tmp_path):
+    sweep_dir = tmp_path / "scaling"
+    args = ["-m", "experiment=scaling", "hardware=cpu", "hardware.devices=1,2", "data.val_size=100",
+            "batch.eval_size=50", "trainer.max_steps=12", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    result = run_cli(args, sweep_dir, tiny_data)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    for job in ("0", "1"):
+        results = json.loads((sweep_dir / job / "results.json").read_text())
+        assert results["global_step"] == 12 and results["samples_per_second"] > 0
+        # Validated once, at the last step, and the best checkpoint was chosen on it.
+        vals = [r for r in csv_rows(sweep_dir / job) if "val/acc" in r]
+        assert [int(r["step"]) for r in vals] == [11]
+        assert results["objective"]["value"] is not None and results["best_checkpoint"].endswith(".ckpt")
+    shown = report(sweep_dir)
+    assert shown.returncode == 0, shown.stderr
+    assert_png(sweep_dir / "scaling.png")
+    rows = table_rows(shown.stdout, "| world size | jobs | samples/s | ideal samples/s | speed-up | efficiency |")
+    assert [r[:2] for r in rows] == [["1", "0"], ["2", "1"]] and rows[0][-1] == "100%"
+    speeds = [json.loads((sweep_dir / j / "results.json").read_text())["samples_per_second"] for j in ("0", "1")]
+    assert rows[1][-1] == f"{100 * speeds[1] / (2 * speeds[0]):.0f}%"

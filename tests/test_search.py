@@ -124,6 +124,8 @@ def test_values_the_plan_refuses_are_left_out_and_a_space_with_none_is_one_line(
     line = one_line(refused)
     assert "every value of batch.global_size is refused" in line and "divisible" in line
     assert not (tmp_path / "none").exists()
+    misspelt = search(["optim.lrr=tag(log, interval(1e-4, 1e-2))"], tmp_path / "typo", tiny_data)
+    assert "optim.lrr cannot be searched: optim.lrr is not a config key" in one_line(misspelt)
     nothing = search(["batch.global_size=16"], tmp_path / "empty", tiny_data, preset="hydra/sweeper=optuna")
     assert "nothing to search" in one_line(nothing)
 

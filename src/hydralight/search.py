@@ -294,6 +294,11 @@ class OptunaSearch(Sweeper):
         import optuna.distributions as dist
 
         if not isinstance(dim.distribution, dist.CategoricalDistribution):
+            # An interval is kept when either end can run (a misspelt key cannot: refused here, once).
+            ends = [dim.distribution.low, dim.distribution.high]
+            reasons = [self._refusal([*fixed, override_text(dim.key, value)]) for value in ends]
+            if all(reasons):
+                raise UserError(f"{dim.key} cannot be searched: {reasons[0]}")
             return dim
         kept = []
         for value in dim.distribution.choices:

@@ -17,6 +17,9 @@ from hydralight.last_checkpoint import AtomicCheckpointIO, LastCheckpoint
 from hydralight.plan import Plan
 from hydralight.schema import PLANNED
 
+# check_val_every_n_epoch=null: validate every `val_check_interval` steps, counted across epochs.
+NULL_IS_A_SETTING = ("check_val_every_n_epoch",)
+
 
 def build_callbacks(cfg: DictConfig, loggers: list[Logger]) -> list[Callback]:
     callbacks = [instantiate(spec) for spec in (cfg.get("callbacks") or {}).values() if spec is not None]
@@ -31,7 +34,8 @@ def build_trainer(
     for key, owner in PLANNED.items():
         if options.get(key) is not None:
             raise UserError(f"trainer.{key} is set by the plan; set {owner} instead")
-    options = {k: v for k, v in options.items() if v is not None and k not in PLANNED}
+    # null means "Lightning's default", except where null is a setting of its own.
+    options = {k: v for k, v in options.items() if (v is not None or k in NULL_IS_A_SETTING) and k not in PLANNED}
     options = instantiate(options, _convert_="all")  # e.g. trainer.profiler={_target_: ...}
     options.update(plan.trainer_kwargs())
     # Without our checkpoint callbacks (callbacks=none), Lightning's default one would write into the
