@@ -64,6 +64,34 @@ class LineProgress(ProgressBar):
         self._print(trainer, f"test {self._metrics(trainer)}")
 
 
+class Throughput(pl.Callback):
+    """Training samples/s of this attempt from its `warmup`-th optimizer step to its last, into `into`
+    (`train_samples_per_second`): process start-up, the first steps' allocations and the final validation
+    are left out, so runs at different world sizes compare on training alone."""
+
+    def __init__(self, global_size: int, into: dict[str, Any], warmup: int = 5) -> None:
+        self.global_size, self.into, self.warmup = global_size, into, warmup
+        self._first: tuple[int, float] | None = None
+        self._last: tuple[int, float] | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start, self._first, self._last = trainer.global_step, None, None
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        mark = (trainer.global_step, time.perf_counter())
+        if self._first is None and trainer.global_step >= self._start + self.warmup:
+            self._first = mark
+        self._last = mark
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._first is None or self._last is None or self._last[0] <= self._first[0]:
+            return  # too few steps to tell
+        steps, seconds = self._last[0] - self._first[0], self._last[1] - self._first[1]
+        self.into["train_samples_per_second"] = round(steps * self.global_size / seconds, 1)
+
+
 def progress_bar(every_n_steps: int = 50) -> ProgressBar:
     """RichProgressBar when stdout is a terminal, LineProgress otherwise."""
     return RichProgressBar() if sys.stdout.isatty() else LineProgress(every_n_steps)

@@ -101,7 +101,8 @@ def load_job(path: Path) -> Job:
         results = json.loads(results_file.read_text())
         job.test_acc = results.get("test/acc")
         job.epochs = results.get("epochs")
-        job.samples_per_s = results.get("samples_per_second")
+        # Training alone when the run measured it (start-up left out), else over the whole fit.
+        job.samples_per_s = results.get("train_samples_per_second") or results.get("samples_per_second")
         if job.best_val_acc is None:
             job.best_val_acc = results.get("metrics", {}).get("val/acc")
     plan_file = path / "plan.yaml"

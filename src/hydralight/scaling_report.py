@@ -103,7 +103,8 @@ def scaling_lines(points: list[ScalingPoint], note: str) -> list[str]:
     lines = [
         "## Scaling",
         "",
-        "The same job at each world size. Samples/s are over the whole fit (starting the processes included); "
+        "The same job at each world size. Samples/s: training from the 5th optimizer step to the last (start-up "
+        "and validation left out; runs that did not measure it: over the whole fit); "
         "ideal: linear from the smallest world size; efficiency: samples/s at N / (N / N0 x samples/s at N0).",
         "",
         note,

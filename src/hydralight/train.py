@@ -49,6 +49,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     from hydralight.invariance import InvarianceCheck
     from hydralight.loggers import build_loggers, wandb_scope
     from hydralight.plan import Machine, apply_plan, check_plan, make_plan
+    from hydralight.progress import Throughput
     from hydralight.run_record import RunRecord
     from hydralight.trainer import build_callbacks, build_trainer
 
@@ -82,7 +83,9 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
         strategy = build_strategy(plan, record.config_file)
         # Whether 1 and N processes train alike with this model and data goes into the run's record.
         invariance = InvarianceCheck(bool(cfg.model.get("sync_batchnorm", False)), into=record.extra)
-        trainer = build_trainer(cfg, plan, strategy, [*build_callbacks(cfg, loggers), invariance], loggers)
+        throughput = Throughput(plan.task.global_size, into=record.extra)  # training samples/s, start-up left out
+        callbacks = [*build_callbacks(cfg, loggers), invariance, throughput]
+        trainer = build_trainer(cfg, plan, strategy, callbacks, loggers)
 
         # 3. Fit (continuing this run dir's checkpoint), then test the best checkpoint.
         if cfg.mode == "train":
