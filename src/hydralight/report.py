@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from hydralight import plots
 from hydralight.errors import UserError
 from hydralight.scaling_report import machine_note, scaling_lines, scaling_points, write_scaling_plot
-from hydralight.search_report import load_search, search_lines, write_search_plots
+from hydralight.search_report import load_search, search_lines, search_outcome, write_search_plots
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -161,8 +161,6 @@ class SweepSummary(Callback):
     when no trial did)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydralight.search import search_outcome
-
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
             # A search expects some trials to fail; it failed only when none succeeded.

@@ -190,7 +190,8 @@ class OptunaSearch(Sweeper):
                     raise UserError(f"hydra.sweeper.enqueue names {', '.join(sorted(unknown))}, which is not searched")
                 study.enqueue_trial(params)
         # Trials a stopped search left running: run again in their own job dirs (they continue from there).
-        stale = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+        # (One search process per study: another live one's running trials would look stopped too.)
+        stale = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING and "job" in t.user_attrs]
         if stale:
             log.info(f"continuing study {self.study_name}: {len(study.trials)} trial(s) so far, {len(stale)} to rerun")
         next_job = self._next_job_number()
@@ -384,27 +385,3 @@ class OptunaSearch(Sweeper):
             test_acc = json.loads(results.read_text()).get("test/acc") if results.is_file() else None
             best_file = {**objective, **best, "job_dir": str(self.sweep_dir / str(best["job"])), "test/acc": test_acc}
             (self.sweep_dir / BEST_FILE).write_text(yaml.safe_dump(best_file, sort_keys=False))
-
-
-def search_outcome(sweep_dir: Path) -> tuple[str, bool] | None:
-    """One line on how a search ended (trials done, failed with their reasons, the best), and whether any
-    trial succeeded; None when the dir holds no search."""
-    path = sweep_dir / SEARCH_FILE
-    if not path.is_file():
-        return None
-    summary = json.loads(path.read_text())
-    found, best = summary["trials"], summary["best"]
-    done = [t for t in found if t["state"] == "COMPLETE"]
-    failed = [t for t in found if t["state"] == "FAIL"]
-    line = f"search {sweep_dir}: {len(done)} of {len(found)} trials done"
-    if failed:
-        line += (
-            f", {len(failed)} failed ("
-            + "; ".join(f"#{t['number']}: {(t['reason'] or '-')[:160]}" for t in failed)
-            + ")"
-        )
-    if best is not None:
-        shown = " ".join(override_text(k, v) for k, v in best["params"].items())
-        line += f"; best {summary['objective']['metric']}={best['value']:.6g} (trial {best['number']}): {shown}"
-    line += f"; details: {sweep_dir / BEST_FILE}, python scripts/sweep_report.py {sweep_dir}"
-    return line, bool(done)

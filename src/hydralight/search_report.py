@@ -236,3 +236,25 @@ def write_search_plots(search: Search, out_dir: Path) -> list[Path]:
     if len(search.params) == 2:
         written.append(plots.save(pair_figure(search), out_dir / "heatmap.png"))
     return written
+
+
+def search_outcome(sweep_dir: Path) -> tuple[str, bool] | None:
+    """One line on how a search ended (trials done, failed with their reasons, the best), and whether any
+    trial succeeded; None when the sweep was no search."""
+    from hydralight.search import BEST_FILE, override_text
+
+    if (search := load_search(sweep_dir)) is None:
+        return None
+    failed = [t for t in search.trials if t["state"] == "FAIL"]
+    line = f"search {sweep_dir}: {len(search.scored())} of {len(search.trials)} trials done"
+    if failed:
+        line += (
+            f", {len(failed)} failed ("
+            + "; ".join(f"#{t['number']}: {(t['reason'] or '-')[:160]}" for t in failed)
+            + ")"
+        )
+    if (best := search.best) is not None:
+        shown = " ".join(override_text(k, v) for k, v in best["params"].items())
+        line += f"; best {search.metric}={best['value']:.6g} (trial {best['number']}): {shown}"
+    line += f"; details: {sweep_dir / BEST_FILE}, python scripts/sweep_report.py {sweep_dir}"
+    return line, bool(search.scored())
