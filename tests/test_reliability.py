@@ -205,23 +205,6 @@ def test_four_jobs_preparing_one_data_dir_at_once(tiny_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_checkpoint_from_two_processes_resumes_with_one(tiny_data, tmp_path):
-    """A 2-process run cut short continues on 1 process along the same global sample order."""
-    base = [*TINY, "trainer.limit_train_batches=null", "seed=4", "callbacks.last_checkpoint.every_n_steps=5"]
-    plain, moved = tmp_path / "plain", tmp_path / "moved"
-    assert run_cli([*base, "trainer.max_epochs=2"], plain, tiny_data).returncode == 0
-    # 2 processes stop after 20 of 30 steps, mid-epoch; then 1 process finishes the same run.
-    first = run_cli([*base, "hardware.devices=2", "trainer.max_epochs=2", "trainer.max_steps=20"], moved, tiny_data)
-    assert first.returncode == 0, first.stderr[-2000:]
-    second = run_cli([*base, "trainer.max_epochs=2"], moved, tiny_data)
-    assert second.returncode == 0, second.stderr[-2000:]
-    a, b = weights(plain), weights(moved)
-    worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)).item() for k in a)
-    assert worst < 1e-4, worst
-    assert json.loads((moved / "results.json").read_text())["global_step"] == 30
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("step", [7, 15])  # mid-epoch, and the last batch of the first epoch
 def test_interrupt_at_any_step_then_resume_takes_every_step_once(tiny_data, tmp_path, step):
     plain, cut = tmp_path / "plain", tmp_path / "cut"
