@@ -18,11 +18,15 @@ install: $(BIN)/python ## create .venv and install the project with its dev tool
 train: ## train with the default config (pass overrides as ARGS="experiment=fast ...")
 	$(BIN)/python train.py $(ARGS)
 
+# Two workers: most tests wait on subprocesses (start-up, DDP, SLURM); tests of the shared SLURM cluster
+# stay in one worker (xdist_group). WORKERS=0 runs everything in this process.
+WORKERS ?= 2
+
 test: ## the whole test suite, slow tests included (what CI runs)
-	$(BIN)/python -m pytest -ra $(ARGS)
+	$(BIN)/python -m pytest -ra -n $(WORKERS) --dist loadgroup $(ARGS)
 
 test-fast: ## the quick tests only
-	$(BIN)/python -m pytest -ra -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -ra -n $(WORKERS) --dist loadgroup -m "not slow" $(ARGS)
 
 lint: ## ruff check and format check
 	$(BIN)/ruff check .
@@ -35,10 +39,10 @@ format: ## apply ruff's formatting and safe fixes
 clean: ## remove run outputs and caches (not the data, not .venv)
 	rm -rf outputs multirun lightning_logs .pytest_cache .ruff_cache
 
-slurm-up: ## start a local single-node SLURM cluster (root, Debian/Ubuntu; idempotent)
-	bash scripts/slurm_up.sh
+slurm-up: ## start a local SLURM cluster (root, Debian/Ubuntu; idempotent); NODES=2 adds 2 nodes, partition multi
+	NODES=$(or $(NODES),1) bash scripts/slurm_up.sh
 
-slurm-down: ## stop the daemons slurm-up started
+slurm-down: ## stop the daemons slurm-up started, remove its namespaced nodes
 	bash scripts/slurm_down.sh
 
 report: ## table and plots of a sweep: make report SWEEP=multirun/<date>/<time>

@@ -13,6 +13,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# Several test workers (`make test` runs two): the cores split between them, or each run's torch threads
+# spin against the other worker's and every run slows down several times. Set before torch is imported.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:

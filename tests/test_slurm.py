@@ -12,22 +12,23 @@ from pathlib import Path
 import pytest
 from conftest import IN_CI, ROOT, TINY, csv_rows, run_cli
 
-pytestmark = pytest.mark.slow
+# One worker runs every test of the shared cluster, one after another (`make test` runs two workers).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 HELPERS = Path(__file__).parent / "helpers"
 
 
 @pytest.fixture(scope="module")
 def cluster() -> None:
-    """Bring the local cluster up (idempotent); in CI a cluster that cannot start fails the tests."""
+    """Bring the local cluster up (idempotent): this machine's node (partition debug) and two namespaced
+    nodes (partition multi, tests/test_multinode.py); in CI a cluster that cannot start fails the tests."""
     reason = None
     if os.geteuid() != 0 or not shutil.which("apt-get") and not shutil.which("slurmctld"):
         reason = "starting the local SLURM cluster needs root on a Debian/Ubuntu machine"
     else:
-        up = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "slurm_up.sh")], capture_output=True, text=True, timeout=600
-        )
+        up = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_up.sh")], capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "NODES": "2"})  # fmt: skip
         if up.returncode:
-            reason = f"scripts/slurm_up.sh failed: {up.stderr.strip()[-500:]}"
+            reason = f"NODES=2 scripts/slurm_up.sh failed: {up.stderr.strip()[-500:]}"
     if reason:
         if IN_CI:
             pytest.fail(reason)

@@ -71,11 +71,10 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     own = output_dir / "checkpoints" / "last.ckpt"
     if cfg.resume != "never" and own.is_file():
         path, contents = own, _own_checkpoint(own)
+        started = ""
         if cfg.ckpt_path and Path(cfg.ckpt_path).resolve() != own.resolve():
-            log.info(
-                f"continuing from this run's own {own} (step {contents.get('global_step')}), not from "
-                f"ckpt_path={cfg.ckpt_path}, which started it"
-            )
+            started = f", not from ckpt_path={cfg.ckpt_path}, which started it"
+        log.info(f"continuing from this run's own {own} (step {contents.get('global_step')}){started}")
     elif cfg.ckpt_path:
         path = Path(cfg.ckpt_path)
         contents = read_checkpoint(path)
