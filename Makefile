@@ -21,12 +21,14 @@ train: ## train with the default config (pass overrides as ARGS="experiment=fast
 # Two workers: most tests wait on subprocesses (start-up, DDP, SLURM); tests of the shared SLURM cluster
 # stay in one worker (xdist_group). WORKERS=0 runs everything in this process.
 WORKERS ?= 2
+# A .venv made before pytest-xdist was a dev dependency runs in one process (`make install` adds it).
+PARALLEL = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n $(WORKERS) --dist loadgroup")
 
 test: ## the whole test suite, slow tests included (what CI runs)
-	$(BIN)/python -m pytest -ra -n $(WORKERS) --dist loadgroup $(ARGS)
+	$(BIN)/python -m pytest -ra $(PARALLEL) $(ARGS)
 
 test-fast: ## the quick tests only
-	$(BIN)/python -m pytest -ra -n $(WORKERS) --dist loadgroup -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -ra $(PARALLEL) -m "not slow" $(ARGS)
 
 lint: ## ruff check and format check
 	$(BIN)/ruff check .

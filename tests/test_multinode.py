@@ -65,8 +65,7 @@ def test_a_two_node_job_trains_as_one_process_does(tiny_data, tmp_path):
     assert single.returncode == 0, single.stderr[-3000:]
     a, b = weights(one), weights(run)
     worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)).item() for k in a)
-    with (tmp_path.parent / "multinode.txt").open("a") as f:
-        f.write(f"2 nodes vs 1 process, max relative weight difference after 20 steps: {worst:.3g}\n")
+    print(f"2 nodes vs 1 process, max relative weight difference after 20 steps: {worst:.3g}")
     assert worst < 1e-4, worst
 
 
@@ -109,6 +108,8 @@ def test_a_rank_killed_on_one_node_fails_the_whole_job(tiny_data, tmp_path):
     state = final_state(job_id, timeout=120)
     ended = time.monotonic() - killed
     assert state in ("FAILED", "CANCELLED", "NODE_FAIL"), state
+    # srun --kill-on-bad-exit ends the other rank at once; without it a collective would wait for its timeout.
+    assert ended < 60, ended
     exit_code = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "ExitCode"], capture_output=True,
                                text=True).stdout.split()[0]  # fmt: skip
     assert exit_code != "0:0"
@@ -116,5 +117,4 @@ def test_a_rank_killed_on_one_node_fails_the_whole_job(tiny_data, tmp_path):
         os.kill(survivor, 0)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 1 and "1 failed" in output, output[-3000:]
-    with (tmp_path.parent / "multinode.txt").open("a") as f:
-        f.write(f"rank 1 killed -> job {state} after {ended:.1f} s\n")
+    print(f"rank 1 killed -> job {state} after {ended:.1f} s")

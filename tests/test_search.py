@@ -54,8 +54,12 @@ def test_sweep_syntax_maps_to_optuna_distributions():
     assert to_dimension(width).describe() == {"kind": "int", "low": 8, "high": 64, "step": 1, "log": False}
     with pytest.raises(UserError, match="cannot be searched"):
         to_dimension(parse(["model=glob(*)"])[0])
-    # A sampled value goes back to Hydra as the same value.
-    for value in (1e-05, 0.003, 64, True, "a b", "relu"):
+    for bad, message in (("x=tag(lg, interval(1, 2))", "unknown tag lg"), ("x=range(5, 1)", "Optuna can sample"),
+                         ("x=interval(2, 1)", "Optuna can sample"), ("x=tag(int, log, interval(0, 8))", "Optuna can sample")):  # fmt: skip
+        with pytest.raises(UserError, match=message):
+            to_dimension(parse([bad])[0])
+    # A sampled value goes back to Hydra as the same value (strings that read as other types stay strings).
+    for value in (1e-05, 0.003, 64, True, "a b", "relu", "true", "1e-3", "null", "x=y", "it's"):
         (parsed,) = parse([override_text("k", value)])
         assert parsed.value() == value
     assert reproduce_command(["hparams_search=optuna", "optim.lr=0.01"]) == "python train.py optim.lr=0.01"
@@ -132,8 +136,21 @@ def test_values_the_plan_refuses_are_left_out_and_a_space_with_none_is_one_line(
     assert not (tmp_path / "none").exists()
     misspelt = search(["optim.lrr=tag(log, interval(1e-4, 1e-2))"], tmp_path / "typo", tiny_data)
     assert "optim.lrr cannot be searched: optim.lrr is not a config key" in one_line(misspelt)
+    outside = search([enqueue({"optim.lr": 0.01, "batch.global_size": 48})], tmp_path / "enqueued", tiny_data)
+    assert "hydra.sweeper.enqueue has batch.global_size=48, not one of the values searched" in one_line(outside)
+    single = run_cli(["hparams_search=optuna", *TINY], tmp_path / "single", tiny_data)
+    assert "add -m" in one_line(single)
     nothing = search(["batch.global_size=16"], tmp_path / "empty", tiny_data, preset="hydra/sweeper=optuna")
     assert "nothing to search" in one_line(nothing)
+
+
+def test_a_search_where_every_trial_fails_ends_non_zero_with_its_reasons(tiny_data, tmp_path):
+    result = search(["hydra.sweeper.n_trials=1", "optim.lr=choice(1e12)", "batch.global_size=32"],
+                    tmp_path / "search", tiny_data)  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "0 of 1 trials done, 1 failed (#0: failed: the loss is" in result.stdout + result.stderr
+    assert not (tmp_path / "search" / "best.yaml").exists()
 
 
 @pytest.mark.slow

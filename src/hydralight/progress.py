@@ -67,7 +67,8 @@ class LineProgress(ProgressBar):
 class Throughput(pl.Callback):
     """Training samples/s of this attempt from its `warmup`-th optimizer step to its last, into `into`
     (`train_samples_per_second`): process start-up, the first steps' allocations and the final validation
-    are left out, so runs at different world sizes compare on training alone."""
+    are left out (validations between those steps count), so runs at different world sizes compare on
+    training."""
 
     def __init__(self, global_size: int, into: dict[str, Any], warmup: int = 5) -> None:
         self.global_size, self.into, self.warmup = global_size, into, warmup

@@ -101,7 +101,7 @@ def load_job(path: Path) -> Job:
         results = json.loads(results_file.read_text())
         job.test_acc = results.get("test/acc")
         job.epochs = results.get("epochs")
-        # Training alone when the run measured it (start-up left out), else over the whole fit.
+        # Training steps when the run timed them (start-up and the final validation left out), else the whole fit.
         job.samples_per_s = results.get("train_samples_per_second") or results.get("samples_per_second")
         if job.best_val_acc is None:
             job.best_val_acc = results.get("metrics", {}).get("val/acc")

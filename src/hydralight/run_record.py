@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -159,8 +160,9 @@ def discard_unused_run_dir(output_dir: Path) -> bool:
     for entry in entries:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     output_dir.rmdir()
-    with contextlib.suppress(OSError):  # the date folder Hydra made for it, when nothing else is in there
-        output_dir.parent.rmdir()
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", output_dir.parent.name):
+        with contextlib.suppress(OSError):  # the date folder Hydra made for it, when nothing else is in there
+            output_dir.parent.rmdir()
     return True
 
 

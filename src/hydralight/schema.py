@@ -255,6 +255,9 @@ _OTHER_CONFIG = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir",
 _HYDRA_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")
 
 
+# The config group of hyperparameter search presets (hydralight.search); they only make sense with -m.
+SEARCH_GROUP = "hparams_search"
+
 def compose_jobs(config_dir: str, config_name: str, argv: list[str]) -> list[DictConfig]:
     """Compose the config of the run, or of every job of a `-m` sweep, as Hydra will; a wrong type or
     choice is a UserError naming the key, the value and what is allowed."""
@@ -273,13 +276,17 @@ def compose_jobs(config_dir: str, config_name: str, argv: list[str]) -> list[Dic
         elif not arg.startswith("-") and not arg.lstrip("+~").startswith("hydra"):
             overrides.append(arg)
     jobs = [overrides]
-    if "-m" in argv or "--multirun" in argv or "hydra.mode=MULTIRUN" in argv:
+    multirun = "-m" in argv or "--multirun" in argv or "hydra.mode=MULTIRUN" in argv
+    searched = [a for a in overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
+    if searched and not multirun and not any(flag in argv for flag in ("--cfg", "-c", "--help", "-h", "--info")):
+        raise UserError(f"{searched[0]} runs many trials: add -m (python train.py -m {searched[0]} ...)")
+    if multirun:
         try:
             parsed = OverridesParser.create().parse_overrides(overrides)
         except Exception as err:
             raise UserError(f"cannot read the sweep: {explain(err, overrides)}") from None
         basic = not any(
-            a.startswith(("hydra/sweeper=", "hparams_search=")) and a != "hydra/sweeper=basic" for a in argv
+            a.startswith(("hydra/sweeper=", f"{SEARCH_GROUP}=")) and a != "hydra/sweeper=basic" for a in argv
         )
         try:
             if not basic:

@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 
 SEARCH_FILE = "search.json"
 BEST_FILE = "best.yaml"
-# The config group that turns a search on; not part of the command that reproduces a trial.
-PRESET_GROUP = "hparams_search"
 
 
 @dataclass
@@ -80,11 +78,21 @@ class Dimension:
 
 
 def to_dimension(override: Override) -> Dimension:
-    """Hydra sweep syntax -> an Optuna distribution; a glob or a non-sweep value is refused."""
+    """Hydra sweep syntax -> an Optuna distribution; a glob, a non-sweep value or an empty range is refused."""
+    value = override.value()
+    tags = getattr(value, "tags", set()) or set()
+    if unknown := tags - {"log", "int"}:
+        raise UserError(f"{override.input_line}: unknown tag {', '.join(sorted(unknown))}; the tags are log and int")
+    try:
+        return _dimension(override, value, tags)
+    except (ValueError, IndexError, TypeError) as err:
+        raise UserError(f"{override.input_line} is not a range Optuna can sample: {err}") from None
+
+
+def _dimension(override: Override, value: Any, tags: set[str]) -> Dimension:
     import optuna.distributions as dist
 
-    key, value = override.get_key_element(), override.value()
-    tags = getattr(value, "tags", set()) or set()
+    key = override.get_key_element()
     if isinstance(value, ChoiceSweep):
         choices = list(override.sweep_iterator(transformer=Transformer.identity))
         return Dimension(key, dist.CategoricalDistribution(choices))
@@ -95,6 +103,8 @@ def to_dimension(override: Override) -> Dimension:
         return Dimension(key, dist.FloatDistribution(float(low), float(high), log="log" in tags))
     if isinstance(value, RangeSweep):
         values = list(override.sweep_iterator(transformer=Transformer.identity))
+        if not values:
+            raise ValueError("the range is empty")
         if all(isinstance(v, int) for v in values) and "log" not in tags:
             return Dimension(key, dist.IntDistribution(values[0], values[-1], step=int(value.step)))
         return Dimension(key, dist.CategoricalDistribution(values))
@@ -111,15 +121,25 @@ def override_text(key: str, value: Any) -> str:
     elif isinstance(value, float):
         text = repr(value)
     elif isinstance(value, str):
-        text = Transformer.encode(value)
+        text = value if _parses_back(key, value, value) else "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     else:
         text = str(value)
     return f"{key}={text}"
 
 
+def _parses_back(key: str, text: str, value: Any) -> bool:
+    try:
+        (parsed,) = OverridesParser.create().parse_overrides([f"{key}={text}"])
+    except Exception:
+        return False
+    return not parsed.is_sweep_override() and parsed.value() == value and type(parsed.value()) is type(value)
+
+
 def reproduce_command(overrides: list[str]) -> str:
     """The single run a trial was: its overrides without the search preset."""
-    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != PRESET_GROUP]
+    from hydralight.schema import SEARCH_GROUP
+
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != SEARCH_GROUP]
     return " ".join(["python train.py", *(shlex.quote(o) for o in kept)])
 
 
@@ -137,8 +157,6 @@ class OptunaSearch(Sweeper):
         params: dict[str, str] | None,
         enqueue: list[dict[str, Any]] | None = None,
     ) -> None:
-        if n_trials < 1 or n_jobs < 1:
-            raise UserError(f"hydra.sweeper.n_trials={n_trials} and n_jobs={n_jobs} must be at least 1")
         self.n_trials, self.n_jobs, self.seed = n_trials, n_jobs, seed
         self.n_startup_trials, self.study_name, self.storage = n_startup_trials, study_name, storage
         self.params = dict(params or {})
@@ -158,40 +176,37 @@ class OptunaSearch(Sweeper):
 
     @exit_on_user_error
     def sweep(self, arguments: list[str]) -> list[Any]:
-        import optuna
+        from hydralight.run_lock import RunDirLock
 
         try:
+            self._check_settings()
             fixed, space = self._split(arguments)
+            # What every trial shares is checked first, so a refusal there is not blamed on a searched key.
+            if (reason := self._refusal(fixed)) is not None and not any(key in reason for key in space):
+                raise UserError(f"every trial would be refused: {reason}")
             space = {key: self._feasible(dim, fixed) for key, dim in space.items()}
+            self._check_enqueue(space)
         except UserError:
             discard_unused_run_dir(self.sweep_dir)  # refused before any trial: no sweep dir left behind
             raise
-        direction = "maximize" if str(self.config.objective.direction) == "max" else "minimize"
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(
-            study_name=self.study_name,
-            storage=self.storage,
-            sampler=optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=self.n_startup_trials),
-            direction=direction,
-            load_if_exists=True,
-        )
-        if study.direction.name.lower() != direction:
-            raise UserError(
-                f"the study {self.study_name} in {self.storage} was made to {study.direction.name.lower()}, not to "
-                f"{direction}; set hydra.sweeper.study_name to start another study"
-            )
-        self._check_same_space(study, space)
         self.fixed, self.space = fixed, space
-        if not study.trials:  # a new study: the given trials first (a continued one has run them already)
-            for params in self.enqueue:
-                if unknown := set(params) - set(space):
-                    raise UserError(f"hydra.sweeper.enqueue names {', '.join(sorted(unknown))}, which is not searched")
-                study.enqueue_trial(params)
-        # Trials a stopped search left running: run again in their own job dirs (they continue from there).
-        # (One search process per study: another live one's running trials would look stopped too.)
-        stale = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING and "job" in t.user_attrs]
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        # One search process per sweep dir: a second one would take the first one's running trials for stopped.
+        with RunDirLock(self.sweep_dir):
+            study = self._study()
+            OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
+            return self._search(study)
+
+    def _search(self, study: Any) -> list[Any]:
+        import optuna
+
+        running = optuna.trial.TrialState.RUNNING
+        # Trials a stopped search left running: run again in their own job dirs (they continue from there);
+        # one stopped before it had a job dir never ran.
+        stale = [t for t in study.trials if t.state == running and "job" in t.user_attrs]
+        for trial in study.trials:
+            if trial.state == running and "job" not in trial.user_attrs:
+                study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         if stale:
             log.info(f"continuing study {self.study_name}: {len(study.trials)} trial(s) so far, {len(stale)} to rerun")
         next_job = self._next_job_number()
@@ -200,13 +215,15 @@ class OptunaSearch(Sweeper):
             batch = stale[: self.n_jobs]
             stale = stale[self.n_jobs :]
             rerun = bool(batch)
-            while not rerun and len(batch) < self.n_jobs and len(study.trials) < self.n_trials:
-                trial = study.ask({key: dim.distribution for key, dim in space.items()})
-                if (reason := self._refusal(self._overrides(trial.params))) is not None:
+            while not rerun and len(batch) < self.n_jobs and self._counted(study) < self.n_trials:
+                trial = study.ask({key: dim.distribution for key, dim in self.space.items()})
+                overrides = self._overrides(trial.params)
+                if (reason := self._refusal(overrides)) is not None:
                     log.warning(f"trial {trial.number} not run: {reason}")
                     trial.set_user_attr("reason", reason)
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     continue
+                trial.set_user_attr("overrides", overrides)
                 trial.set_user_attr("job", str(next_job + len(batch)))
                 batch.append(trial)
             if not batch:
@@ -217,6 +234,75 @@ class OptunaSearch(Sweeper):
         self._write_results(study)
         return returns
 
+    @staticmethod
+    def _counted(study: Any) -> int:
+        """Trials that count towards n_trials: every one but those enqueued and not yet started."""
+        import optuna
+
+        return sum(t.state != optuna.trial.TrialState.WAITING for t in study.trials)
+
+    def _study(self) -> Any:
+        """The study, new or continued: a continued one must search the same way (direction, objective, fixed
+        overrides, space); its sampler is seeded past the trials it has, so it proposes new ones."""
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        direction = "maximize" if str(self.config.objective.direction) == "max" else "minimize"
+        try:
+            study = optuna.create_study(
+                study_name=self.study_name, storage=self.storage, direction=direction, load_if_exists=True
+            )
+        except Exception as err:  # an unreachable or unreadable storage
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UserError(f"cannot open the study storage {self.storage}: {reason}") from None
+        metric = str(self.config.objective.metric)
+        if not study.trials:
+            study.set_user_attr("metric", metric)
+            study.set_user_attr("fixed", self.fixed)
+        again = "set hydra.sweeper.study_name (or another hydra.sweep.dir) to start another study"
+        if study.direction.name.lower() != direction or study.user_attrs.get("metric", metric) != metric:
+            raise UserError(
+                f"the study {self.study_name} was made to {study.direction.name.lower()} "
+                f"{study.user_attrs.get('metric')}, not to {direction} {metric}; {again}"
+            )
+        if sorted(study.user_attrs.get("fixed", self.fixed)) != sorted(self.fixed):
+            was = " ".join(study.user_attrs["fixed"]) or "(none)"
+            raise UserError(
+                f"the study {self.study_name} ran its trials with {was}, not {' '.join(self.fixed)}; {again}"
+            )
+        self._check_same_space(study, self.space)
+        seed = None if self.seed is None else self.seed + len(study.trials)
+        # constant_liar: trials launched together are proposed knowing the others are running.
+        study.sampler = optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=self.n_startup_trials, constant_liar=self.n_jobs > 1
+        )
+        if not study.trials:  # the given trials first (a continued study ran them already)
+            for params in self.enqueue:
+                study.enqueue_trial(params)
+        return study
+
+    def _check_settings(self) -> None:
+        if self.n_trials < 1 or self.n_jobs < 1:
+            raise UserError(f"hydra.sweeper.n_trials={self.n_trials} and n_jobs={self.n_jobs} must be at least 1")
+        subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False).get("subdir")
+        if subdir != "${hydra.job.num}":
+            raise UserError(
+                f"a search finds its trials' results in numbered job dirs: leave hydra.sweep.subdir at "
+                f"${{hydra.job.num}} (not {subdir})"
+            )
+
+    def _check_enqueue(self, space: dict[str, Dimension]) -> None:
+        for params in self.enqueue:
+            if unknown := set(params) - set(space):
+                raise UserError(f"hydra.sweeper.enqueue names {', '.join(sorted(unknown))}, which is not searched")
+            for key, value in params.items():
+                choices = getattr(space[key].distribution, "choices", None)
+                if choices is not None and value not in choices:
+                    raise UserError(
+                        f"hydra.sweeper.enqueue has {key}={value}, not one of the values searched "
+                        f"({', '.join(map(str, choices))})"
+                    )
+
     def _run(self, study: Any, batch: list[Any], rerun: bool, next_job: int) -> list[Any]:
         """Launch the trials of one batch, then tell Optuna each one's objective (or that it failed)."""
         import optuna
@@ -225,7 +311,7 @@ class OptunaSearch(Sweeper):
         returns = []
         # A launcher numbers the jobs of one call consecutively; reruns keep their own numbers.
         for first, group in self._consecutive(jobs, batch) if rerun else [(next_job, batch)]:
-            overrides = [self._overrides(t.params) for t in group]
+            overrides = [t.user_attrs.get("overrides") or self._overrides(t.params) for t in group]
             for trial, job_overrides in zip(group, overrides, strict=True):
                 log.info(f"trial {trial.number} (job {trial.user_attrs['job']}): {' '.join(job_overrides)}")
             returns += list(self.launcher.launch(overrides, initial_job_idx=first))
@@ -233,10 +319,10 @@ class OptunaSearch(Sweeper):
             value, reason = self._outcome(trial.user_attrs["job"])
             if value is None:
                 log.warning(f"trial {trial.number} failed: {reason}")
-                study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+                study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             else:
                 log.info(f"trial {trial.number}: {self.config.objective.metric}={value:.6g}")
-                study.tell(trial.number, value)
+                study.tell(trial.number, value, skip_if_finished=True)
         return returns
 
     def _check_same_space(self, study: Any, space: dict[str, Dimension]) -> None:
@@ -350,7 +436,8 @@ class OptunaSearch(Sweeper):
         if manifest.is_file():
             data = json.loads(manifest.read_text())
             return None, f"{data.get('status')}: {data.get('error') or '-'}"
-        return None, f"the job wrote no result; see its log under {self.sweep_dir}/.submitit or {job_dir}"
+        where = f"{self.sweep_dir / '.submitit'}" if hasattr(self.launcher, "_EXECUTOR") else "the output above"
+        return None, f"the job wrote no result; see its log in {where}"
 
     def _write_results(self, study: Any) -> None:
         import optuna
@@ -366,7 +453,7 @@ class OptunaSearch(Sweeper):
         best = None
         if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
             b = study.best_trial
-            overrides = self._overrides(b.params)
+            overrides = b.user_attrs.get("overrides") or self._overrides(b.params)
             best = {"number": b.number, "value": b.value, "params": b.params, "job": b.user_attrs.get("job"),
                     "command": reproduce_command(overrides)}  # fmt: skip
         objective = {"metric": str(self.config.objective.metric), "direction": str(self.config.objective.direction)}

@@ -256,5 +256,6 @@ def search_outcome(sweep_dir: Path) -> tuple[str, bool] | None:
     if (best := search.best) is not None:
         shown = " ".join(override_text(k, v) for k, v in best["params"].items())
         line += f"; best {search.metric}={best['value']:.6g} (trial {best['number']}): {shown}"
-    line += f"; details: {sweep_dir / BEST_FILE}, python scripts/sweep_report.py {sweep_dir}"
+    best_file = f"{sweep_dir / BEST_FILE}, " if (sweep_dir / BEST_FILE).is_file() else ""
+    line += f"; details: {best_file}python scripts/sweep_report.py {sweep_dir}"
     return line, bool(search.scored())

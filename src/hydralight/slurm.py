@@ -15,7 +15,7 @@ import logging
 import re
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,9 @@ class HydralightSlurmConf(SlurmQueueConf):
     _target_: str = "hydra_plugins.hydralight_launchers.PlannedSlurmLauncher"
     # Write the sbatch script of each job next to the sweep and submit nothing.
     dry_run: bool = False
+    # Options of the srun that starts the ranks. A rank that dies ends the whole job at once, instead of
+    # leaving the others waiting in a collective until its timeout (NCCL, a hung node).
+    srun_args: list[str] = field(default_factory=lambda: ["--kill-on-bad-exit=1"])
 
 
 @dataclass
