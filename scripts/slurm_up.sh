@@ -10,6 +10,9 @@
 #                     address SLURM_SUBNET.(10+i) on the bridge hlbr0), so multi-node jobs (DDP across hosts,
 #                     signals, requeue) run for real. This machine's node and partition debug (the default)
 #                     stay as with NODES=1; running with a smaller NODES removes the nodes above it.
+#                     What it makes of the network is recorded in $RUN (see made() below), and only that is
+#                     ever changed or removed: a bridge hlbr0, namespace hlnode<i>, link hlv<i> or directory
+#                     /etc/netns/hlnode<i> that exists unrecorded is someone else's, and NODES>=2 refuses.
 #   SLURM_SUBNET=10.231.7   the private /24 of those nodes (must be unused here); the bridge is .1
 set -euo pipefail
 start_time=$(date +%s.%N)
@@ -30,6 +33,31 @@ mkdir -p "$RUN" "$LOGS" /var/spool/slurmctld /var/spool/slurmd /etc/slurm /run/m
 
 alive() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 has_link() { command -v ip >/dev/null && ip link show "$1" >/dev/null 2>&1; }
+# The network objects this script makes are recorded in $RUN/KIND.made, a line "NAME ID" each, right after
+# making them: KIND bridge (hlbr0), veth (hlv<i>), netns (hlnode<i>), etc-netns-node (/etc/netns/hlnode<i>).
+# ID (interface index, namespace or directory inode) tells the object made from a namesake made since by
+# someone else. slurm_down.sh has the same functions.
+obj_id() {  # obj_id KIND NAME: the ID of what has that name now; nothing if there is none
+  case $1 in
+    bridge|veth) if command -v ip >/dev/null; then ip -o link show dev "$2" 2>/dev/null | cut -d: -f1 || true; fi ;;
+    netns) if [ -e "/run/netns/$2" ]; then stat -L -c %i "/run/netns/$2" 2>/dev/null || true; fi ;;
+    etc-netns-node) if [ -e "/etc/netns/$2" ]; then stat -c %i "/etc/netns/$2" 2>/dev/null || true; fi ;;
+  esac
+}
+made() {  # made KIND NAME: NAME is there and is what this script recorded making
+  local id; id=$(obj_id "$1" "$2")
+  [ -n "$id" ] && grep -qxF "$2 $id" "$RUN/$1.made" 2>/dev/null
+}
+foreign() { [ -n "$(obj_id "$1" "$2")" ] && ! made "$1" "$2"; }  # foreign KIND NAME: there, not made here
+record() {  # record KIND NAME, once it is made
+  [ ! -f "$RUN/$1.made" ] || sed -i "/^$2\( \|\$\)/d" "$RUN/$1.made"
+  echo "$2 $(obj_id "$1" "$2")" >> "$RUN/$1.made"
+}
+recorded_nodes() {  # the numbers i of the namespaced nodes with something recorded, or a slurmd pid file
+  { cat "$RUN/netns.made" "$RUN/veth.made" "$RUN/etc-netns-node.made" 2>/dev/null
+    (cd "$RUN" && ls slurmd-hlnode*.pid 2>/dev/null); } |
+    sed -nE 's/^(slurmd-)?(hlnode|hlv)([0-9]+)([ .].*)?$/\3/p' | sort -nu || true
+}
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
   local limit=$1 what=$2; shift 2
   for _ in $(seq $((limit * 5))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
@@ -47,6 +75,33 @@ if [ "$NODES" -ge 2 ] && ! command -v ip >/dev/null; then  # network namespaces,
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq iproute2 >/dev/null
+fi
+if [ "$NODES" -ge 2 ]; then  # the names it needs: free, or taken by what it made itself
+  taken=()
+  ! foreign bridge "$BRIDGE" || taken+=("bridge $BRIDGE")
+  for i in $(seq "$NODES"); do
+    ! foreign netns "hlnode$i" || taken+=("network namespace hlnode$i")
+    ! foreign veth "hlv$i" || taken+=("link hlv$i")
+    ! foreign etc-netns-node "hlnode$i" || taken+=("/etc/netns/hlnode$i")
+  done
+  [ "${#taken[@]}" = 0 ] || { echo "error: NODES=$NODES needs the names of $(printf '%s, ' "${taken[@]}" |
+    sed 's/, $//'), which this script did not make (no record in $RUN/*.made) and so leaves alone: remove what is" \
+    "nobody's (ip link del, ip netns del, rm -r) or use NODES=1; nothing changed" >&2; exit 1; }
+fi
+# Hosts with Docker: br_netfilter with net.bridge.bridge-nf-call-iptables=1 sends the traffic between the nodes
+# (bridged, hlv<i> to hlv<j>) through iptables' FORWARD chain, whose policy Docker sets to DROP: the nodes would
+# never reach each other and a 2-node job would hang. Refused, with the fix; this script changes no firewall.
+if [ "$NODES" -ge 2 ] && [ "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null)" = 1 ] &&
+   command -v iptables >/dev/null; then
+  rules=$( (iptables -S FORWARD; iptables -S DOCKER-USER) 2>/dev/null || true)
+  if grep -qx -- '-P FORWARD DROP' <<<"$rules" &&
+     ! grep -E -- "^-A (FORWARD|DOCKER-USER) (.* )?-i $BRIDGE( .*)? -j ACCEPT\$" <<<"$rules" | grep -qvE -- '! -i|state'; then
+    echo "error: traffic between the nodes on bridge $BRIDGE would be dropped: br_netfilter passes bridged traffic" \
+      "to iptables (net.bridge.bridge-nf-call-iptables=1) and the FORWARD policy is DROP (Docker sets it); allow it" \
+      "with 'iptables -I FORWARD -i $BRIDGE -o $BRIDGE -j ACCEPT' (or sysctl -w net.bridge.bridge-nf-call-iptables=0)" \
+      "and run this again; nothing changed" >&2
+    exit 1
+  fi
 fi
 if [ "$NODES" -ge 2 ]; then  # a /24 that no route (but the default) or address here touches, but the bridge's
   used=$( (ip -4 route show table all match "$SUBNET.0/24" | grep -v '^default '
@@ -174,22 +229,21 @@ if [ "$conf_changed" = 1 ]; then
 fi
 
 # 4. Namespaced nodes made earlier and not wanted now (NODES=1: all of them, and the bridge) go: their
-#    slurmd, what still runs in their namespace, the namespace, its links and /etc/netns/<node>.
-made=$(cat "$RUN/netns.made" 2>/dev/null || true)
-if [ "$NODES" = 1 ]; then
-  if [ -n "$made" ] || has_link "$BRIDGE"; then bash "$(dirname "$0")/slurm_down.sh" --nodes-above 0; fi
-else
-  for node in $made; do
-    if [ "${node#hlnode}" -gt "$NODES" ]; then bash "$(dirname "$0")/slurm_down.sh" --nodes-above "$NODES"; break; fi
-  done
-fi
+#    slurmd, and what this script made of them (what still runs in their namespace, the namespace, its link,
+#    /etc/netns/<node>; the bridge).
+keep=$NODES; [ "$NODES" -ge 2 ] || keep=0
+shrink=0
+if [ "$keep" = 0 ] && [ -s "$RUN/bridge.made" ]; then shrink=1; fi
+for i in $(recorded_nodes); do [ "$i" -le "$keep" ] || shrink=1; done
+if [ "$shrink" = 1 ]; then bash "$(dirname "$0")/slurm_down.sh" --nodes-above "$keep"; fi
 
 # 5. NODES>=2: the network of the namespaced nodes. A bridge hlbr0 ($CONTROLLER_ADDR/24) in this namespace;
 #    per node a namespace hlnode<i> whose eth0 ($SUBNET.(10+i)/24) is a veth pair with hlv<i> on the bridge.
 #    No default route and no IPv6 there: a node reaches its own loopback and this /24, nothing else.
 #    /etc/netns/hlnode<i>/hosts, mounted over /etc/hosts for the node's slurmd (as `ip netns exec` does), names
 #    every node and the controller, so a node's hostname resolves to its own address (gloo, Lightning's
-#    MASTER_ADDR) and never to loopback.
+#    MASTER_ADDR) and never to loopback. What exists of these was made here (checked in step 1); what is made
+#    now is recorded at once.
 no_ipv6() {  # no_ipv6 NETNS DEVICE (NETNS "": this one)
   local knob=/proc/sys/net/ipv6/conf/$2/disable_ipv6
   if [ -z "$1" ]; then [ ! -w "$knob" ] || echo 1 > "$knob"
@@ -203,7 +257,7 @@ only_address() {  # only_address NETNS DEVICE ADDRESS/24 (NETNS "": this one)
   fi
 }
 if [ "$NODES" -ge 2 ]; then
-  has_link "$BRIDGE" || ip link add "$BRIDGE" type bridge
+  if ! has_link "$BRIDGE"; then ip link add "$BRIDGE" type bridge; record bridge "$BRIDGE"; fi
   [ -d /etc/netns ] || { mkdir /etc/netns; touch "$RUN/etc-netns.made"; }  # slurm_down.sh removes it then
   no_ipv6 "" "$BRIDGE"
   only_address "" "$BRIDGE" "$CONTROLLER_ADDR/24"
@@ -212,16 +266,15 @@ if [ "$NODES" -ge 2 ]; then
           for i in $(seq "$NODES"); do printf '%s\thlnode%s\n' "$SUBNET.$((10 + i))" "$i"; done)
   for i in $(seq "$NODES"); do
     node=hlnode$i
-    grep -qx "$node" "$RUN/netns.made" 2>/dev/null || echo "$node" >> "$RUN/netns.made"  # before making it
-    [ -e "/run/netns/$node" ] || ip netns add "$node"
-    has_link "hlv$i" || ip link add "hlv$i" type veth peer name eth0 netns "$node"
+    if [ ! -e "/run/netns/$node" ]; then ip netns add "$node"; record netns "$node"; fi
+    if ! has_link "hlv$i"; then ip link add "hlv$i" type veth peer name eth0 netns "$node"; record veth "hlv$i"; fi
     no_ipv6 "" "hlv$i"
     ip link set "hlv$i" master "$BRIDGE" up
     no_ipv6 "$node" eth0
     only_address "$node" eth0 "$SUBNET.$((10 + i))/24"
     ip -n "$node" link set eth0 up
     ip -n "$node" link set lo up
-    mkdir -p "/etc/netns/$node"
+    if [ ! -e "/etc/netns/$node" ]; then mkdir "/etc/netns/$node"; record etc-netns-node "$node"; fi
     # Rewritten in place: a running slurmd's namespace has this very file mounted over /etc/hosts.
     [ "$(cat "/etc/netns/$node/hosts" 2>/dev/null)" = "$hosts" ] || echo "$hosts" > "/etc/netns/$node/hosts"
   done
