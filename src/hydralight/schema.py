@@ -258,6 +258,7 @@ _HYDRA_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completi
 # The config group of hyperparameter search presets (hydralight.search); they only make sense with -m.
 SEARCH_GROUP = "hparams_search"
 
+
 def compose_jobs(config_dir: str, config_name: str, argv: list[str]) -> list[DictConfig]:
     """Compose the config of the run, or of every job of a `-m` sweep, as Hydra will; a wrong type or
     choice is a UserError naming the key, the value and what is allowed."""
