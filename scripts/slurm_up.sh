@@ -111,7 +111,8 @@ if [ "$NODES" -ge 2 ]; then  # a /24 that no route (but the default) or address 
 fi
 
 # 2. Configuration, rewritten each time so it matches this machine.
-cpus=$(nproc)
+# The machine's CPUs: `nproc` alone would report OMP_NUM_THREADS when it is set.
+cpus=$(getconf _NPROCESSORS_ONLN)
 mem_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
 gres_line=""
 if [ "$NUM_FAKE_GPUS" -gt 0 ]; then
