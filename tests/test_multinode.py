@@ -15,6 +15,7 @@ from conftest import TINY, csv_rows, run_cli
 from test_slurm import (
     cluster,  # noqa: F401  (brings up the local cluster with its namespaced nodes)
     final_state,
+    requeue_and_finish,
     sweep,
 )
 
@@ -77,17 +78,7 @@ def test_a_requeued_two_node_job_resumes_with_the_exact_step_count(tiny_data, tm
     time.sleep(3)  # a few steps in
     job_id = job_id_of(tmp_path / "sweep")
     # The warning signal, as SLURM sends it before a time limit: to every task on both nodes.
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
-    deadline = time.monotonic() + 120
-    while "PENDING" not in subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
-                                          text=True).stdout:  # fmt: skip
-        assert time.monotonic() < deadline, "job was not requeued"
-        time.sleep(0.5)
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
-    output = proc.communicate(timeout=600)[0]
-    assert proc.returncode == 0, output[-3000:]
-    assert final_state(job_id) == "COMPLETED"
-    assert "Restarts=1 " in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    requeue_and_finish(job_id, proc)
     # Both attempts in the same run dir: 3 epochs of 15 steps, every step's loss logged once.
     assert json.loads((run / "results.json").read_text())["global_step"] == 45
     steps = [int(r["step"]) for r in csv_rows(run) if "train/loss_step" in r]

@@ -182,6 +182,23 @@ def test_refused_submission_is_one_line(cluster, tiny_data, tmp_path, args, mess
     assert errors[0].startswith("error: SLURM refused the job")
 
 
+def requeue_and_finish(job_id: str, proc: subprocess.Popen) -> str:
+    """Send the time-limit warning signal, wait until the job is requeued, let it start again at once (SLURM
+    holds a requeued job ~2 minutes), and check the sweep and the job end well after one restart."""
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    deadline = time.monotonic() + 120
+    while "PENDING" not in subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                                          text=True).stdout:  # fmt: skip
+        assert time.monotonic() < deadline, "job was not requeued"
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+    output = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, output[-3000:]
+    assert final_state(job_id) == "COMPLETED"
+    assert "Restarts=1 " in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    return output
+
+
 def run_steps(run: Path) -> int:
     return json.loads((run / "results.json").read_text())["global_step"]
 
@@ -207,21 +224,7 @@ def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
     job_id = next(
         p.name for p in (tmp_path / "requeued" / ".submitit").iterdir() if re.fullmatch(r"\d+(_\d+)?", p.name)
     )
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
-    # Requeued jobs wait ~2 minutes before they may start again; let it start now.
-    deadline = time.monotonic() + 120
-    while (
-        "PENDING"
-        not in subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout
-    ):
-        assert time.monotonic() < deadline, "job was not requeued"
-        time.sleep(0.5)
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
-    output = proc.communicate(timeout=600)[0]
-    assert proc.returncode == 0, output[-3000:]
-    assert final_state(job_id) == "COMPLETED"
-    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
-    assert "Restarts=1 " in shown
+    requeue_and_finish(job_id, proc)
     assert run_steps(run) == run_steps(tmp_path / "plain" / "0") == 45
     logs = "".join(p.read_text() for p in run.glob("*.log"))
     assert "continuing from this run's own" in logs and "which started it" in logs
