@@ -74,7 +74,8 @@ def test_hydra_s_own_flags_and_sweeps_it_expands_itself_still_work(tmp_path):
     info = run_cli(["--info", "searchpath"], tmp_path / "run")
     assert info.returncode == 0 and "structured://" in info.stdout, info.stderr[-2000:]
     globbed = run_cli(["-m", "model=glob(*)", "plan=true", f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
-    assert globbed.returncode == 0 and globbed.stdout.count("Resource plan") == 3, globbed.stderr[-2000:]
+    models = len(list((ROOT / "src" / "hydralight" / "conf" / "model").glob("*.yaml")))
+    assert globbed.returncode == 0 and globbed.stdout.count("Resource plan") == models, globbed.stderr[-2000:]
     command = [sys.executable, str(ROOT / "train.py"), "resume=some/run", "--cfg", "job"]
     resumed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0 and "resume: some/run" in resumed.stdout, resumed.stderr[-2000:]

@@ -121,6 +121,7 @@ def load_weights(model: Classifier, path: str | Path) -> None:
             f"init_from={path} holds another model ({_describe_net(saved)}) than this run ({_describe_net(model.hparams.net)}); "
             "pick the matching model=..."
         )
+    model.check_task_sizes(contents.get("hyper_parameters", {}), f"init_from={path}")
     model.load_state_dict(contents["state_dict"])
 
 

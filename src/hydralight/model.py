@@ -1,17 +1,24 @@
-"""Networks for 28x28 digits and the LightningModule that trains any of them as a classifier."""
+"""Networks that follow their task's sizes, and the LightningModule that trains any of them as a classifier.
+
+A network learns the task's sizes through its constructor: `num_classes` and `input_shape` (C, H, W, as
+the data module delivers them) are passed to any `_target_` whose signature names them. The defaults
+are MNIST's, so networks saved before the sizes were passed rebuild as they were.
+"""
 
 from __future__ import annotations
 
 import inspect
 import itertools
 import logging
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torchmetrics import MeanMetric, SumMetric
@@ -20,51 +27,95 @@ from torchmetrics.classification import MulticlassAccuracy
 from hydralight.errors import UserError
 from hydralight.invariance import keyed, sample_keys, with_global_batchnorm, with_sample_dropout
 
-NUM_CLASSES = 10
+MNIST_SHAPE = (1, 28, 28)
 log = logging.getLogger(__name__)
 
 
 class SeedCNN(nn.Sequential):
-    """conv32 -> conv64 -> max-pool -> fc128 -> 10, the classic MNIST example network."""
+    """conv32 -> conv64 -> max-pool -> fc128 -> classes, the classic MNIST example network."""
 
-    def __init__(self, dropout: float = 0.25) -> None:
+    def __init__(self, dropout: float = 0.25, num_classes: int = 10, input_shape: Sequence[int] = MNIST_SHAPE) -> None:
+        c, h, w = input_shape
         super().__init__(
-            nn.Conv2d(1, 32, 3), nn.ReLU(),
+            nn.Conv2d(c, 32, 3), nn.ReLU(),
             nn.Conv2d(32, 64, 3), nn.ReLU(),
             nn.MaxPool2d(2), nn.Dropout(dropout), nn.Flatten(),
-            nn.Linear(64 * 12 * 12, 128), nn.ReLU(), nn.Dropout(2 * dropout),
-            nn.Linear(128, NUM_CLASSES),
+            nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128), nn.ReLU(), nn.Dropout(2 * dropout),
+            nn.Linear(128, num_classes),
         )  # fmt: skip
 
 
 class MLP(nn.Sequential):
-    """784 -> hidden... -> 10 with ReLU."""
-
-    def __init__(self, hidden: list[int] = (128, 256)) -> None:  # type: ignore[assignment]
-        sizes = [28 * 28, *hidden]
-        layers: list[nn.Module] = [nn.Flatten()]
-        for n_in, n_out in itertools.pairwise(sizes):
-            layers += [nn.Linear(n_in, n_out), nn.ReLU()]
-        super().__init__(*layers, nn.Linear(sizes[-1], NUM_CLASSES))
-
-
-class FastCNN(nn.Sequential):
-    """Two 5x5 conv + BatchNorm blocks and one hidden layer: cheap per sample, quick to converge."""
+    """C*H*W -> hidden... -> classes with ReLU."""
 
     def __init__(
         self,
-        channels: list[int] = (16, 32),
+        hidden: list[int] = (128, 256),  # type: ignore[assignment]
+        num_classes: int = 10,
+        input_shape: Sequence[int] = MNIST_SHAPE,
+    ) -> None:
+        sizes = [math.prod(input_shape), *hidden]
+        layers: list[nn.Module] = [nn.Flatten()]
+        for n_in, n_out in itertools.pairwise(sizes):
+            layers += [nn.Linear(n_in, n_out), nn.ReLU()]
+        super().__init__(*layers, nn.Linear(sizes[-1], num_classes))
+
+
+class FastCNN(nn.Sequential):
+    """Two 5x5 conv + BatchNorm blocks and one hidden layer: cheap per sample, quick to converge.
+
+    `pooled` > 0 pools the last feature map to pooled x pooled before the head, so large images keep a
+    small head; 0 flattens the whole map (a quarter of the image per side, as on 28x28 digits).
+    """
+
+    def __init__(
+        self,
+        channels: list[int] = (16, 32),  # type: ignore[assignment]
         hidden: int = 128,
-        conv_bias: bool = True,  # type: ignore[assignment]
+        conv_bias: bool = True,
+        num_classes: int = 10,
+        input_shape: Sequence[int] = MNIST_SHAPE,
+        pooled: int = 0,
     ) -> None:
         c1, c2 = channels
+        c, h, w = input_shape
         # conv_bias=false (model=fastcnn): a bias before BatchNorm is removed by the normalization, its
         # gradient is rounding noise that Adam turns into steps. The default keeps older checkpoints loadable.
+        head: list[nn.Module] = [nn.AdaptiveAvgPool2d(pooled)] if pooled else []
+        side = (pooled, pooled) if pooled else (h // 4, w // 4)
         super().__init__(
-            nn.Conv2d(1, c1, 5, padding=2, bias=conv_bias), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c, c1, 5, padding=2, bias=conv_bias), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(c1, c2, 5, padding=2, bias=conv_bias), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(c2 * 7 * 7, hidden), nn.ReLU(), nn.Linear(hidden, NUM_CLASSES),
+            *head, nn.Flatten(), nn.Linear(c2 * side[0] * side[1], hidden), nn.ReLU(), nn.Linear(hidden, num_classes),
         )  # fmt: skip
+
+
+def small_resnet(
+    arch: str = "resnet18", num_classes: int = 10, input_shape: Sequence[int] = MNIST_SHAPE, **kwargs: Any
+) -> nn.Module:
+    """A torchvision ResNet for small images: a 3x3 stride-1 stem without max-pool (the ImageNet stem
+    would shrink a 28x28 or 32x32 image to 7x7 or 8x8 before the first block), any input channel count."""
+    from torchvision import models
+
+    net = getattr(models, arch)(weights=None, num_classes=num_classes, **kwargs)
+    net.conv1 = nn.Conv2d(input_shape[0], net.conv1.out_channels, 3, stride=1, padding=1, bias=False)
+    net.maxpool = nn.Identity()
+    return net
+
+
+def build_net(spec: dict[str, Any], num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+    """The network of a `_target_` spec, given the task's sizes where its constructor names them
+    (explicit settings in the spec win)."""
+    target = get_object(spec["_target_"]) if "_target_" in spec else None
+    try:
+        params = inspect.signature(target).parameters if target is not None else {}
+    except (TypeError, ValueError):  # builtins without a signature
+        params = {}
+    sizes = {"num_classes": num_classes, "input_shape": list(input_shape)}
+    named = {k for k in sizes if k in params}
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        named.add("num_classes")  # torchvision's builders pass **kwargs on to a model that takes num_classes
+    return instantiate(spec, **{k: sizes[k] for k in named if k not in spec})
 
 
 def run_length_kwargs(factory: Any, lr: float, total_steps: int) -> dict[str, Any]:
@@ -90,10 +141,22 @@ class Classifier(pl.LightningModule):
         seed: int = 0,
         invariant_dropout: bool = True,
         global_batchnorm: bool = False,
+        num_classes: int = 10,
+        input_shape: Sequence[int] = MNIST_SHAPE,
+        compile: dict[str, Any] | None = None,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        self.net = instantiate(net)
+        # How the network runs (compiled, memory layout) is not what it is: a checkpoint loads anywhere.
+        self.save_hyperparameters(ignore=["compile", "channels_last"])
+        self.net = build_net(net, num_classes, input_shape)
+        num_classes = net.get("num_classes", num_classes)  # a size set in the network's config wins
+        self.compile_options = compile
+        self.channels_last = channels_last
+        if channels_last:
+            self.net.to(memory_format=torch.channels_last)
+        # Kept out of the module tree: the state_dict keys stay the plain network's.
+        self.__dict__["_compiled"] = None
         # Dropout masks keyed by (seed, epoch, sample id) instead of each process's random stream, and
         # BatchNorm statistics over every rank's micro-batch: the same training on 1 or N processes.
         if invariant_dropout:
@@ -107,7 +170,7 @@ class Classifier(pl.LightningModule):
                 for stage in ("val", "test")
                 for name, metric in (
                     ("loss", MeanMetric()),
-                    ("acc", MulticlassAccuracy(NUM_CLASSES, average="micro")),
+                    ("acc", MulticlassAccuracy(num_classes, average="micro")),
                     ("samples", SumMetric()),  # proves each sample is counted once, whatever the world size
                 )
             }
@@ -115,7 +178,18 @@ class Classifier(pl.LightningModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The data arrives as float32; a 64-true or bf16-true network takes its own dtype.
-        return self.net(x.to(self.dtype))
+        x = x.to(self.dtype)
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self._runner()(x)
+
+    def _runner(self) -> nn.Module:
+        """The network, compiled on first use when asked (on the device it trains on, after DDP wrapped it)."""
+        if not self.compile_options:
+            return self.net
+        if self._compiled is None:
+            self.__dict__["_compiled"] = torch.compile(self.net, **self.compile_options)
+        return self._compiled
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
         x, y, *ids = batch  # a data module that knows its samples adds their ids: (x, y, ids)
@@ -176,6 +250,8 @@ class Classifier(pl.LightningModule):
             checkpoint["rng"]["cuda"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        source = str(self._trainer.ckpt_path) if self._trainer is not None else "the checkpoint"
+        self.check_task_sizes(checkpoint.get("hyper_parameters", {}), source)
         self._restored_schedulers = checkpoint.get("lr_schedulers", [])
         trainer = self._trainer
         if trainer is not None and trainer.precision == "64-true":
@@ -193,6 +269,16 @@ class Classifier(pl.LightningModule):
             torch.set_rng_state(rng["torch"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def check_task_sizes(self, saved: dict[str, Any], source: str) -> None:
+        """Refuse weights trained for other data sizes (another dataset) in one line, before loading them."""
+        then = (saved.get("num_classes", 10), tuple(saved.get("input_shape", MNIST_SHAPE)))
+        now = (self.hparams.num_classes, tuple(self.hparams.input_shape))
+        if then != now:
+            raise UserError(
+                f"{source} was trained on data with {then[0]} classes of shape {list(then[1])}, this run's data has "
+                f"{now[0]} classes of shape {list(now[1])}; pick the data it was trained on, or start a new run dir"
+            )
 
     def configure_optimizers(self) -> Any:
         lr = self.hparams.lr
@@ -266,8 +352,15 @@ def describe(spec: Any) -> str:
 LENGTH_KEYS = ("total_steps", "T_max")
 
 
-def build_model(cfg: DictConfig, lr: float, global_batchnorm: bool = False) -> Classifier:
-    """A fresh classifier from the config, with the learning rate and BatchNorm kind the plan decided."""
+def build_model(
+    cfg: DictConfig,
+    lr: float,
+    global_batchnorm: bool = False,
+    num_classes: int = 10,
+    input_shape: Sequence[int] = MNIST_SHAPE,
+) -> Classifier:
+    """A fresh classifier from the config, with the learning rate and BatchNorm kind the plan decided and
+    the sizes of the task's data."""
     scheduler = cfg.optim.get("scheduler")
     return Classifier(
         net=OmegaConf.to_container(cfg.model.net),
@@ -277,4 +370,19 @@ def build_model(cfg: DictConfig, lr: float, global_batchnorm: bool = False) -> C
         seed=int(cfg.seed),
         invariant_dropout=bool(cfg.model.get("invariant_dropout", True)),
         global_batchnorm=global_batchnorm,
+        num_classes=num_classes,
+        input_shape=tuple(input_shape),
+        **runtime_options(cfg),
     )
+
+
+def runtime_options(cfg: DictConfig) -> dict[str, Any]:
+    """How the network runs: `model.compile` (torch.compile with `model.compile_mode`) and `model.channels_last`."""
+    compiled = {"mode": cfg.model.get("compile_mode") or "default"} if cfg.model.get("compile") else None
+    return {"compile": compiled, "channels_last": bool(cfg.model.get("channels_last"))}
+
+
+def task_sizes(datamodule: Any) -> dict[str, Any]:
+    """`num_classes` and `input_shape` from a data module that states them (the contract of hydralight.data);
+    a data module that does not leaves the network's own defaults or its config to decide."""
+    return {key: getattr(datamodule, key) for key in ("num_classes", "input_shape") if hasattr(datamodule, key)}

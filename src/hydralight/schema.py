@@ -42,6 +42,7 @@ StrategyName = _choice("StrategyName", STRATEGIES)
 Precision = _choice("Precision", PRECISIONS)
 LrScaling = _choice("LrScaling", LR_SCALING)
 Loader = _choice("Loader", ("tensor", "torchvision"))
+CompileMode = _choice("CompileMode", ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
 
 # Trainer arguments that other groups own: one place to set each.
 PLANNED = {
@@ -100,6 +101,9 @@ class ModelConf:
     net: Any = None  # a `_target_` spec of an nn.Module
     sync_batchnorm: bool = False
     invariant_dropout: bool = True
+    compile: bool = False  # torch.compile the network (worth it on GPUs, where Python overhead dominates)
+    compile_mode: CompileMode = CompileMode.default  # type: ignore[attr-defined]
+    channels_last: bool = False  # NHWC memory layout for convolutions (faster with tensor cores)
 
 
 @dataclass

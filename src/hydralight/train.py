@@ -48,6 +48,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     from hydralight.distributed import build_strategy, job_scope
     from hydralight.invariance import InvarianceCheck
     from hydralight.loggers import build_loggers, wandb_scope
+    from hydralight.model import task_sizes
     from hydralight.plan import Machine, apply_plan, check_plan, make_plan
     from hydralight.progress import Throughput
     from hydralight.run_record import RunRecord
@@ -78,7 +79,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     with job_scope(), wandb_scope(), record:  # the next job of a sweep starts clean
         apply_plan(plan, cfg.seed)
         # 2. Build: model, callbacks, loggers, trainer.
-        model = starting_model(cfg, **plan.model_kwargs())
+        model = starting_model(cfg, **plan.model_kwargs(), **task_sizes(datamodule))
         loggers = build_loggers(cfg, plan, record.manifest)
         strategy = build_strategy(plan, record.config_file)
         # Whether 1 and N processes train alike with this model and data goes into the run's record.

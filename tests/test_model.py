@@ -1,0 +1,89 @@
+"""Networks follow the task's sizes; the ResNet preset, torch.compile and channels-last run and train alike."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import TINY, csv_rows, one_line, run_cli
+
+from hydralight.errors import UserError
+from hydralight.model import Classifier, build_net
+
+NETS = ["hydralight.model.SeedCNN", "hydralight.model.FastCNN", "hydralight.model.MLP", "hydralight.model.small_resnet"]
+
+
+@pytest.mark.parametrize("target", NETS)
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32), (3, 20, 36)])
+def test_networks_follow_channels_image_size_and_classes(target, shape):
+    net = build_net({"_target_": target}, num_classes=7, input_shape=shape)
+    assert net(torch.randn(2, *shape)).shape == (2, 7)
+
+
+def test_mnist_networks_are_unchanged_and_explicit_settings_win():
+    # The sizes networks had before they were passed: older checkpoints keep loading.
+    assert build_net({"_target_": "hydralight.model.SeedCNN"}, 10, (1, 28, 28))[7].in_features == 64 * 12 * 12
+    assert build_net({"_target_": "hydralight.model.FastCNN"}, 10, (1, 28, 28))[9].in_features == 32 * 7 * 7
+    net = build_net({"_target_": "hydralight.model.MLP", "num_classes": 3}, 10, (1, 28, 28))
+    assert net[-1].out_features == 3
+    # A torchvision builder takes num_classes through **kwargs.
+    assert build_net({"_target_": "torchvision.models.resnet18"}, 4, (3, 32, 32)).fc.out_features == 4
+
+
+def test_weights_for_other_data_sizes_are_refused_in_one_line():
+    model = Classifier(
+        net={"_target_": "hydralight.model.MLP"}, optimizer={}, lr=1e-3, num_classes=5, input_shape=(3, 8, 8)
+    )
+    with pytest.raises(UserError, match="trained on data with 10 classes of shape \\[1, 28, 28\\]"):
+        model.check_task_sizes({}, "old.ckpt")  # a checkpoint from before sizes were saved: MNIST's
+    model.check_task_sizes({"num_classes": 5, "input_shape": [3, 8, 8]}, "same.ckpt")
+
+
+def test_channels_last_computes_the_same_as_contiguous():
+    torch.manual_seed(0)
+    plain = Classifier(net={"_target_": "hydralight.model.FastCNN"}, optimizer={}, lr=1e-3).eval()
+    nhwc = Classifier(net={"_target_": "hydralight.model.FastCNN"}, optimizer={}, lr=1e-3, channels_last=True).eval()
+    nhwc.load_state_dict(plain.state_dict())
+    assert nhwc.net[0].weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.randn(4, 1, 28, 28)
+    torch.testing.assert_close(nhwc(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_resnet_preset_trains_a_few_steps(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    result = run_cli([*TINY, "model=resnet", "trainer.limit_train_batches=2", "logger=none"], run, tiny_data)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((run / "results.json").read_text())["test/acc"] is not None
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_alike_resumes_and_its_checkpoints_load_uncompiled(tiny_data, tmp_path):
+    # The classic CNN: keyed dropout inside the compiled graph must draw the masks eager mode draws.
+    base = [*TINY, "model=cnn", "logger=csv"]
+    eager = run_cli(base, tmp_path / "eager", tiny_data)
+    assert eager.returncode == 0, eager.stderr[-3000:]
+    compiled = tmp_path / "compiled"
+    first = run_cli([*base, "model.compile=true", "trainer.max_steps=2"], compiled, tiny_data)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # The same run continued to 4 steps from its own last.ckpt, compiled again.
+    second = run_cli([*base, "model.compile=true"], compiled, tiny_data)
+    assert second.returncode == 0 and "continuing from this run's own" in second.stderr + second.stdout
+    losses = {
+        name: [float(r["train/loss_step"]) for r in csv_rows(tmp_path / name) if "train/loss_step" in r]
+        for name in ("eager", "compiled")
+    }
+    assert len(losses["compiled"]) == len(losses["eager"]) == 4
+    torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=1e-4, atol=1e-4)
+    # The compiled run's checkpoint evaluates in an uncompiled model to the accuracy it reported.
+    reported = json.loads((compiled / "results.json").read_text())
+    evaluated = run_cli(
+        [*TINY, "mode=eval", f"ckpt_path={reported['best_checkpoint']}", "logger=none"], tmp_path / "eval", tiny_data
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads((tmp_path / "eval" / "results.json").read_text())["test/acc"] == reported["test/acc"]
+
+
+def test_unknown_compile_mode_is_one_line(tmp_path):
+    line = one_line(run_cli(["model.compile=true", "model.compile_mode=fastest", "--cfg", "job"], tmp_path))
+    assert "model.compile_mode" in line
