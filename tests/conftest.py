@@ -1,4 +1,4 @@
-"""Shared fixtures: small IDX files written on the fly, the real MNIST when present, a CLI runner."""
+"""Shared fixtures: small IDX files and image folders written on the fly, the real MNIST when present, a CLI runner."""
 
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ def write_idx(path: Path, array: np.ndarray) -> None:
     path.write_bytes(header + array.astype(np.uint8).tobytes())
 
 
-def make_mnist(root: Path, n_train: int = 600, n_test: int = 200, seed: int = 0) -> Path:
-    """A learnable stand-in for MNIST: each class lights its own horizontal band, plus noise."""
+def make_mnist(root: Path, n_train: int = 600, n_test: int = 200, seed: int = 0, name: str = "MNIST") -> Path:
+    """A learnable stand-in for MNIST (or, with `name`, another IDX data set such as FashionMNIST): each class
+    lights its own horizontal band, plus noise."""
     rng = np.random.default_rng(seed)
-    raw = root / "MNIST" / "raw"
+    raw = root / name / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for prefix, n in (("train", n_train), ("t10k", n_test)):
         labels = rng.integers(0, 10, size=n)
@@ -39,6 +40,39 @@ def make_mnist(root: Path, n_train: int = 600, n_test: int = 200, seed: int = 0)
         write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
         write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
     return root
+
+
+# Colours of the generated image classes: each class is its colour on a noisy background.
+FOLDER_COLOURS = {"blue": (40, 60, 220), "green": (40, 200, 60), "red": (220, 40, 40), "yellow": (220, 210, 40)}
+
+
+def make_image_folder(root: Path, n_train: int = 60, n_test: int = 20, size: int = 32, seed: int = 0) -> Path:
+    """`root/train/<class>/*.png` and `root/test/<class>/*.png`: RGB images, a coloured square per class."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", n_train), ("test", n_test)):
+        for name, colour in FOLDER_COLOURS.items():
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                image = rng.integers(0, 90, size=(size, size, 3))
+                top, left = rng.integers(0, size // 2, size=2)
+                image[top : top + size // 2, left : left + size // 2] = colour
+                Image.fromarray(image.astype(np.uint8)).save(folder / f"{i:04d}.png")
+    return root
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated image folder, 4 classes of 60 training and 20 test images; never modified."""
+    return make_image_folder(tmp_path_factory.mktemp("images"))
+
+
+@pytest.fixture()
+def fresh_image_folder(tmp_path: Path) -> Path:
+    """A generated image folder the test may damage."""
+    return make_image_folder(tmp_path / "images", n_train=20, n_test=5)
 
 
 @pytest.fixture(scope="session")

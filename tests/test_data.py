@@ -64,3 +64,73 @@ def test_missing_data_without_download_says_where_and_how(tmp_path):
     message = str(err.value)
     assert str(tmp_path / "nothing" / "MNIST" / "raw") in message
     assert "DATA_DIR" in message and "internet" in message
+
+
+def test_fashion_mnist_composes_and_reads_its_own_idx_files(tmp_path):
+    from conftest import make_mnist
+    from hydra import compose, initialize_config_dir
+
+    from hydralight.data import FashionMNISTDataModule, build_datamodule
+    from hydralight.plan import Machine, make_plan
+    from hydralight.train import CONFIG_DIR
+
+    make_mnist(tmp_path, name="FashionMNIST")
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["data=fashion_mnist", f"data.data_dir={tmp_path}", "data.val_size=100"])
+    plan = make_plan(cfg, Machine(cpu_cores=2))
+    dm = build_datamodule(cfg.data, plan.data_kwargs(), seed=0)
+    assert isinstance(dm, FashionMNISTDataModule) and (dm.num_classes, dm.input_shape) == (10, (1, 28, 28))
+    dm.setup("fit")
+    assert [len(dm.splits[s]) for s in ("train", "val", "test")] == [500, 100, 200]
+    x, y, _ = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    assert x.shape == (128, 1, 28, 28) and x.dtype == torch.float32 and dm.mean == (0.2860,)
+    (tmp_path / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x03broken")
+    with pytest.raises(UserError, match="t10k-labels-idx1-ubyte is not a FashionMNIST IDX file"):
+        FashionMNISTDataModule(str(tmp_path), download=False).prepare_data()
+
+
+def test_the_core_gives_a_data_module_the_planned_settings_its_constructor_takes(monkeypatch):
+    from hydralight.data import datamodule_kwargs, shards_by_rank
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "helpers"))
+    planned = {"global_size": 64, "batch_size": 16, "accumulation": 2, "eval_size": 100, "num_workers": 3,
+               "pin_memory": True, "persistent_workers": True, "drop_last": True}  # fmt: skip
+    ours = datamodule_kwargs({"_target_": "hydralight.data.ImageFolderDataModule", "root": "x"}, planned, seed=1)
+    assert "batch_size" not in ours and ours["global_size"] == 64 and ours["seed"] == 1
+    plain = {"_target_": "plain_datamodule.PlainDataModule", "record_dir": "x"}
+    assert datamodule_kwargs(plain, planned, seed=1) == {"batch_size": 16, "num_workers": 3}
+    with pytest.raises(UserError, match="data.batch_size is set by the plan; set batch.global_size"):
+        datamodule_kwargs({**plain, "batch_size": 8}, planned, seed=1)
+    with pytest.raises(UserError, match="takes neither batch_size nor global_size"):
+        datamodule_kwargs({"_target_": "pytorch_lightning.LightningDataModule"}, planned, seed=1)
+    from plain_datamodule import PlainDataModule
+
+    assert shards_by_rank(MNISTDataModule("x")) and not shards_by_rank(PlainDataModule("x"))
+
+
+@pytest.mark.slow
+def test_a_plain_user_data_module_is_sharded_under_ddp(tmp_path):
+    """An ordinary LightningDataModule, named in ./conf/data/ of the folder the run starts from (as the README
+    says): under 2-process DDP each rank trains on its own half of the samples."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT, TINY
+
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "data" / "plain.yaml").write_text(
+        f"_target_: plain_datamodule.PlainDataModule\nrecord_dir: {tmp_path / 'seen'}\n"
+    )
+    args = ["data=plain", *(a for a in TINY if not a.startswith("data.")), "hardware.devices=2",
+            "batch.global_size=32", "batch.num_workers=0", "trainer.limit_train_batches=null",
+            f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "helpers")}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = [json.loads((tmp_path / "seen" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [len(s) for s in seen] == [128, 128]  # 256 samples, one epoch, half each
+    assert set(seen[0]).isdisjoint(seen[1]) and set(seen[0]) | set(seen[1]) == set(range(256))

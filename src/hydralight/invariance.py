@@ -229,6 +229,8 @@ def invariance_report(model: nn.Module, datamodule: Any, sync_batchnorm: bool) -
     uses_keys = any(isinstance(m, SampleDropout) for m in model.modules())
     if uses_keys and not getattr(datamodule, "sample_ids", False):
         reasons.append("the batches carry no sample ids (x, y, ids): per-sample dropout falls back to torch's")
+    if not getattr(datamodule, "shards_by_rank", False):
+        reasons.append("the data module does not shard by rank itself: Lightning's sampler batches by world size")
     for transform in _random_transforms(datamodule):
         reasons.append(f"the data uses torchvision's {transform}: each process draws its own augmentation")
     return {"holds": not reasons, "reasons": reasons}

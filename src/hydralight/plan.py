@@ -89,7 +89,7 @@ class TaskPlan:
 
 
 # Plan fields no consumer reads directly: shown in the plan table, the consumers read what follows from them.
-DERIVED = ("hardware.world_size", "task.per_device_size", "task.base_lr", "task.lr_scaling")
+DERIVED = ("hardware.world_size", "task.base_lr", "task.lr_scaling")
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,9 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def trainer_kwargs(self) -> dict[str, Any]:
-        """The Trainer arguments this plan decides (the rest come from `trainer.*`)."""
+    def trainer_kwargs(self, shards_by_rank: bool = True) -> dict[str, Any]:
+        """The Trainer arguments this plan decides (the rest come from `trainer.*`); `shards_by_rank`: the data
+        module's loaders take each rank's share themselves (hydralight.data.shards_by_rank)."""
         return {
             "accelerator": self.hardware.accelerator,
             "devices": self.hardware.devices,
@@ -115,14 +116,18 @@ class Plan:
             # torch's SyncBatchNorm runs on GPUs only; on CPU the model's own GlobalBatchNorm does it.
             "sync_batchnorm": self.framework.sync_batchnorm and self.hardware.accelerator == "gpu",
             # Our samplers shard by rank themselves; Lightning's DistributedSampler would re-shuffle and pad.
-            "use_distributed_sampler": False,
+            # A data module without them needs it, or every rank would train on every sample.
+            "use_distributed_sampler": not shards_by_rank,
         }
 
     def data_kwargs(self) -> dict[str, Any]:
-        """The data module arguments this plan decides."""
+        """The data module arguments this plan decides; a data module gets those its constructor names
+        (hydralight.data.datamodule_kwargs): the global batch for the project's samplers, `batch_size` (the
+        per-device micro-batch) for an ordinary data module."""
         task = self.task
         return {
             "global_size": task.global_size,
+            "batch_size": task.per_device_size,
             "accumulation": task.accumulation,
             "eval_size": task.eval_size,
             "num_workers": task.num_workers,
@@ -310,7 +315,8 @@ def _task(cfg: DictConfig, hw: HardwarePlan) -> TaskPlan:
     reference = _positive_int(batch.get("reference_size") or global_size, "batch.reference_size")
     ratio = global_size / reference
     lr = base_lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[scaling]
-    tensor_loader = cfg.get("data", {}).get("loader", "tensor") == "tensor"
+    # Only the tensor loader needs no workers; a data module without a `loader` setting gets them.
+    tensor_loader = (cfg.get("data") or {}).get("loader") == "tensor"
     workers = batch.get("num_workers", "auto")
     if workers == "auto":
         # The tensor loader needs none; otherwise leave one core of the process for the training loop.

@@ -42,6 +42,8 @@ StrategyName = _choice("StrategyName", STRATEGIES)
 Precision = _choice("Precision", PRECISIONS)
 LrScaling = _choice("LrScaling", LR_SCALING)
 Loader = _choice("Loader", ("tensor", "torchvision"))
+FolderLoader = _choice("FolderLoader", ("auto", "tensor", "torchvision"))
+ImageMode = _choice("ImageMode", ("L", "LA", "RGB", "RGBA"))
 CompileMode = _choice("CompileMode", ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
 
 # Trainer arguments that other groups own: one place to set each.
@@ -52,7 +54,7 @@ PLANNED = {
     "strategy": "strategy=<name>",
     "accumulate_grad_batches": "batch.max_per_device or batch.accumulation",
     "sync_batchnorm": "model.sync_batchnorm",
-    "use_distributed_sampler": "nothing (the data module shards by rank itself)",
+    "use_distributed_sampler": "nothing (on when the data module does not shard by rank itself)",
     "default_root_dir": "hydra.run.dir (the run dir holds everything a run writes)",
     "logger": "logger=<name>",
     "callbacks": "callbacks.<name>",
@@ -113,6 +115,20 @@ class MNISTDataConf:
     loader: Loader = Loader.tensor  # type: ignore[attr-defined]
     val_size: int = 5000
     download: bool = True
+    max_shift: int = 0
+
+
+@dataclass
+class ImageFolderDataConf:
+    _target_: str = "hydralight.data.ImageFolderDataModule"
+    root: str | None = None
+    data_dir: str = "data"
+    size: Any = None  # an int or [height, width]
+    mode: ImageMode | None = None  # type: ignore[valid-type]
+    loader: FolderLoader = FolderLoader.auto  # type: ignore[attr-defined]
+    max_memory_gb: float = 4.0
+    val_size: float = 0.1  # a fraction below 1, or a number of images
+    skip_bad: bool = False
     max_shift: int = 0
 
 
@@ -209,6 +225,7 @@ def register() -> None:
     # In a group of their own, so that they are no options of `model` or `data` (a glob() would pick them).
     store.store(group="schema", name="model", node=ModelConf)
     store.store(group="schema", name="mnist", node=MNISTDataConf)
+    store.store(group="schema", name="imagefolder", node=ImageFolderDataConf)
 
 
 def plain(cfg: DictConfig) -> DictConfig:

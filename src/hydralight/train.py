@@ -35,7 +35,6 @@ CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
 def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     """Train and test (or only test, `mode=eval`) as the config says; return the objective (the best
     validation value of `objective.metric`), so a sweeper never tunes on the test set."""
-    from hydra.utils import instantiate
 
     from hydralight.checkpoint import (
         check_mode,
@@ -45,6 +44,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
         starting_model,
         with_evaluated_model,
     )
+    from hydralight.data.contract import build_datamodule, shards_by_rank
     from hydralight.distributed import build_strategy, job_scope
     from hydralight.invariance import InvarianceCheck
     from hydralight.loggers import build_loggers, wandb_scope
@@ -71,7 +71,8 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     if (earlier := finished_result(cfg, output_dir)) is not None:  # the same command again: nothing to do
         print(f"already finished: test/acc={earlier.get('test/acc')} (run dir: {output_dir})", flush=True)
         return (earlier.get("objective") or {}).get("value")
-    datamodule = instantiate(cfg.data, **plan.data_kwargs(), seed=cfg.seed)
+    # The planned settings its constructor takes (the data contract: hydralight.data).
+    datamodule = build_datamodule(cfg.data, plan.data_kwargs(), cfg.seed)
     if is_rank_zero():
         datamodule.prepare_data()  # missing or corrupt files are refused before any run file is written
     record = RunRecord(output_dir, cfg, plan, machine, writer=is_rank_zero())
@@ -86,7 +87,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
         invariance = InvarianceCheck(bool(cfg.model.get("sync_batchnorm", False)), into=record.extra)
         throughput = Throughput(plan.task.global_size, into=record.extra)  # training samples/s, start-up left out
         callbacks = [*build_callbacks(cfg, loggers), invariance, throughput]
-        trainer = build_trainer(cfg, plan, strategy, callbacks, loggers)
+        trainer = build_trainer(cfg, plan, strategy, callbacks, loggers, shards_by_rank(datamodule))
 
         # 3. Fit (continuing this run dir's checkpoint), then test the best checkpoint.
         if cfg.mode == "train":

@@ -28,7 +28,12 @@ def build_callbacks(cfg: DictConfig, loggers: list[Logger]) -> list[Callback]:
 
 
 def build_trainer(
-    cfg: DictConfig, plan: Plan, strategy: str | Strategy, callbacks: list[Callback], loggers: list[Logger]
+    cfg: DictConfig,
+    plan: Plan,
+    strategy: str | Strategy,
+    callbacks: list[Callback],
+    loggers: list[Logger],
+    shards_by_rank: bool = True,
 ) -> pl.Trainer:
     options: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     for key, owner in PLANNED.items():
@@ -37,7 +42,7 @@ def build_trainer(
     # null means "Lightning's default", except where null is a setting of its own.
     options = {k: v for k, v in options.items() if (v is not None or k in NULL_IS_A_SETTING) and k not in PLANNED}
     options = instantiate(options, _convert_="all")  # e.g. trainer.profiler={_target_: ...}
-    options.update(plan.trainer_kwargs())
+    options.update(plan.trainer_kwargs(shards_by_rank))
     # Without our checkpoint callbacks (callbacks=none), Lightning's default one would write into the
     # logger's folder, where resume=auto never looks: such a run writes no checkpoint.
     if not any(isinstance(c, ModelCheckpoint | LastCheckpoint) for c in callbacks):

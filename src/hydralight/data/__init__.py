@@ -1,0 +1,42 @@
+"""Data sources of a run, and the contract between the core and a task's data module.
+
+A data module (a `LightningDataModule` named by `data._target_`) provides, on any rank and before
+`setup()` (from constants, file headers or folder listings: cheap, never a full decode):
+
+- `num_classes: int` and `input_shape: tuple[int, int, int]` (C, H, W as the network receives it):
+  the network is built from them;
+- train, val and test loaders; batches are `(x, y)` or `(x, y, ids)`, the ids keying per-sample
+  randomness (dropout, augmentation) when the class says `sample_ids = True`;
+- `shards_by_rank: bool`: True when its loaders give each rank its own share of every batch
+  themselves (the project's GlobalBatchSampler/ShardSampler: the same batches on any number of
+  processes, exact mid-epoch resume); Lightning's DistributedSampler then stays off. False (or
+  missing, as in an ordinary user data module): Lightning shards its loaders under DDP.
+
+The core gives it, by constructor argument and only those its `__init__` names, what the resource
+plan decided: `global_size`, `accumulation`, `eval_size` (the project's samplers) or `batch_size` (the
+per-device micro-batch, for an ordinary data module), `num_workers`, `pin_memory`,
+`persistent_workers`, `drop_last`, and the run's `seed` (see `hydralight.data.contract`).
+
+The built-in modules (`ImageDataModule` and its subclasses) also state their normalization
+(`mean`, `std` per channel, applied on the device to uint8 batches) and carve the validation split
+from the training one with a seeded permutation (`val_size`).
+"""
+
+from hydralight.data.contract import build_datamodule, datamodule_kwargs, shards_by_rank
+from hydralight.data.imagefolder import ImageFolderDataModule
+from hydralight.data.images import ImageDataModule, TensorImages
+from hydralight.data.mnist import MEAN, STD, FashionMNISTDataModule, MNISTDataModule, load_split
+
+__all__ = [
+    "MEAN",
+    "STD",
+    "FashionMNISTDataModule",
+    "ImageDataModule",
+    "ImageFolderDataModule",
+    "MNISTDataModule",
+    "TensorImages",
+    "build_datamodule",
+    "datamodule_kwargs",
+    "load_split",
+    "shards_by_rank",
+]

@@ -1,0 +1,221 @@
+"""What the built-in data modules share: a seeded validation split, the project's samplers (the same
+batches on any number of processes, exact mid-epoch resume), two loaders, and normalization and
+keyed augmentation on the device. A subclass says its sizes and normalization and reads its files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from hydralight.data.loaders import ResumableLoader, TensorImages, WithIds, whole_batch
+from hydralight.errors import UserError
+from hydralight.invariance import keyed_shift, sample_keys
+from hydralight.sampling import GlobalBatchSampler, ShardSampler
+
+
+class ImageDataModule(pl.LightningDataModule):
+    """Image classification with train/val/test splits and hardware-independent batching.
+
+    `loader="tensor"` keeps each split as one uint8 tensor (on the GPU when training there) and
+    normalizes on the device; `loader="torchvision"` is the classic per-sample Dataset + DataLoader with
+    workers. Batches are (x, y, ids); `max_shift` > 0 translates training images by up to that many
+    pixels, drawn per sample and epoch (the same on any number of processes).
+
+    Subclasses provide `num_classes`, `input_shape`, `mean`, `std`, `train_size()` and either
+    `load_tensors()` or `per_sample_datasets()` (or both).
+    """
+
+    # Batches carry sample ids, so per-sample randomness is keyed by sample (see hydralight.invariance).
+    sample_ids = True
+    # The loaders take each rank's share themselves: Lightning's DistributedSampler stays off.
+    shards_by_rank = True
+    loaders: tuple[str, ...] = ("tensor", "torchvision")
+
+    def __init__(
+        self,
+        loader: str = "tensor",
+        val_size: int | float = 5000,
+        global_size: int = 128,
+        accumulation: int = 1,
+        eval_size: int = 1000,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        drop_last: bool = True,
+        seed: int = 0,
+        max_shift: int = 0,
+    ) -> None:
+        super().__init__()
+        if loader not in self.loaders:
+            choices = " or ".join(f"data.loader={name}" for name in self.loaders)
+            raise UserError(f"data.loader={loader} is not a loader; use {choices}")
+        self.loader = loader
+        self.val_size = val_size
+        self.global_size = global_size
+        self.accumulation = accumulation
+        self.eval_size = eval_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.drop_last = drop_last
+        self.seed = seed
+        self.max_shift = max_shift
+        self.splits: dict[str, Dataset] = {}
+        self._normalizers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # The contract (see hydralight.data): sizes and normalization, readable before setup.
+    @property
+    def num_classes(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        raise NotImplementedError
+
+    @property
+    def mean(self) -> tuple[float, ...]:
+        raise NotImplementedError
+
+    @property
+    def std(self) -> tuple[float, ...]:
+        raise NotImplementedError
+
+    # What a subclass reads.
+    def train_size(self) -> int:
+        """Samples in the training files (validation included), known cheaply."""
+        raise NotImplementedError
+
+    def load_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Train images (N, C, H, W) uint8, train labels (N,) int64, then the same of the test split."""
+        raise NotImplementedError
+
+    def per_sample_datasets(self) -> tuple[Dataset, Dataset]:
+        """Train and test as Datasets of (normalized float (C, H, W) image, label)."""
+        raise NotImplementedError
+
+    def resolved_loader(self) -> str:
+        """The loader this run uses (a subclass may choose one by the data's size)."""
+        return self.loader
+
+    def val_count(self, n_train: int) -> int:
+        """The validation split's size: `val_size` samples, or that fraction of them when below 1."""
+        size = self.val_size
+        if isinstance(size, float) and 0 < size < 1:
+            return max(1, round(n_train * size))
+        return int(size)
+
+    def check_split(self, n_train: int) -> int:
+        """The validation split must leave at least one global batch to train on; returns its size."""
+        n_val = self.val_count(n_train)
+        if not 0 < n_val < n_train:
+            raise UserError(f"data.val_size={self.val_size} must be between 1 and {n_train - 1}")
+        left = n_train - n_val
+        if self.drop_last and left < self.global_size:
+            raise UserError(
+                f"data.val_size={self.val_size} leaves {left} training samples, fewer than one global batch "
+                f"(batch.global_size={self.global_size}); lower data.val_size or batch.global_size"
+            )
+        return n_val
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        self.prepare_data()  # a no-op when the files are there; waits for a download in progress
+        if self.resolved_loader() == "tensor":
+            images, labels, test_images, test_labels = self.load_tensors()
+            parts = self._parts(len(labels))
+            device = self._device()
+            self.splits = {name: TensorImages(images[idx], labels[idx]).to(device) for name, idx in parts.items()}
+            self.splits["test"] = TensorImages(test_images, test_labels).to(device)
+        else:
+            train, test = self.per_sample_datasets()
+            parts = self._parts(len(train))  # type: ignore[arg-type]
+            self.splits = {name: WithIds(Subset(train, idx)) for name, idx in parts.items()}
+            self.splits["test"] = WithIds(test)
+
+    def _parts(self, n_train: int) -> dict[str, torch.Tensor]:
+        n_val = self.check_split(n_train)
+        order = torch.randperm(n_train, generator=torch.Generator().manual_seed(self.seed))
+        return {"train": order[n_val:], "val": order[:n_val]}
+
+    def _device(self) -> torch.device:
+        # The tensor loader keeps data where the model runs, so batches never cross the PCIe bus.
+        trainer = getattr(self, "trainer", None)
+        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _loader(
+        self, dataset: Dataset, batch_sampler: Any, loader_class: type = DataLoader, **extra: Any
+    ) -> DataLoader:
+        # An own generator: starting an iterator then draws nothing from the global RNG, which stays
+        # the model's alone (dropout), so a resumed run draws exactly what an uninterrupted one does.
+        extra["generator"] = torch.Generator().manual_seed(self.seed)
+        if isinstance(dataset, TensorImages):
+            return loader_class(dataset, batch_sampler=batch_sampler, collate_fn=whole_batch, **extra)
+        return loader_class(
+            dataset,
+            batch_sampler=batch_sampler,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers and self.num_workers > 0,
+            **extra,
+        )
+
+    def _trained_micro_batches(self) -> int:
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = self._rank_world()
+        sampler = GlobalBatchSampler(
+            len(self.splits["train"]),
+            self.global_size,
+            accumulation=self.accumulation,
+            rank=rank,
+            world_size=world,
+            seed=self.seed,
+            drop_last=self.drop_last,
+        )
+        return self._loader(self.splits["train"], sampler, ResumableLoader, progress=self._trained_micro_batches)
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        rank, world = self._rank_world()
+        return self._loader(self.splits[split], ShardSampler(len(self.splits[split]), self.eval_size, rank, world))
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 images to float, per channel `(x / 255 - mean) / std`."""
+        x = x.float().div_(255.0)
+        if len(self.mean) == 1:  # Python scalars, as MNIST always was: bit for bit the same numbers
+            return x.sub_(self.mean[0]).div_(self.std[0])
+        if x.device not in self._normalizers:  # made once per device: no host-to-device copy per batch
+            shape = (-1, 1, 1)
+            self._normalizers[x.device] = (
+                torch.tensor(self.mean, device=x.device).view(shape),
+                torch.tensor(self.std, device=x.device).view(shape),
+            )
+        mean, std = self._normalizers[x.device]
+        return x.sub_(mean).div_(std)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        x, y, ids = batch
+        if x.dtype == torch.uint8:  # tensor loader: normalize on the device, after the cheap uint8 copy
+            x = self.normalize(x)
+        trainer = getattr(self, "trainer", None)
+        if self.max_shift and trainer is not None and trainer.training:
+            keys = sample_keys(self.seed, trainer.current_epoch, ids)
+            # Uncovered pixels take each channel's black, normalized; the same offsets for every channel.
+            fills = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
+            shifted = [keyed_shift(x[:, c : c + 1], keys, self.max_shift, fill=f) for c, f in enumerate(fills)]
+            x = shifted[0] if len(shifted) == 1 else torch.cat(shifted, dim=1)
+        return x, y, ids
