@@ -95,6 +95,7 @@ def test_shift_is_keyed_by_sample_and_bounded():
 def test_the_report_names_what_is_not_keyed():
     class Data:
         sample_ids = True
+        shards_by_rank = True
 
     keyed_net = Classifier(net={"_target_": "hydralight.model.SeedCNN"}, optimizer={}, lr=1e-3)
     assert invariance_report(keyed_net, Data(), sync_batchnorm=False) == {"holds": True, "reasons": []}
@@ -104,7 +105,8 @@ def test_the_report_names_what_is_not_keyed():
     bn = Classifier(net={"_target_": "hydralight.model.FastCNN"}, optimizer={}, lr=1e-3)
     assert "model.sync_batchnorm=true" in invariance_report(bn, Data(), sync_batchnorm=False)["reasons"][0]
     assert invariance_report(bn, Data(), sync_batchnorm=True)["holds"]
-    assert "no sample ids" in invariance_report(keyed_net, object(), sync_batchnorm=False)["reasons"][0]
+    unsharded = invariance_report(keyed_net, object(), sync_batchnorm=False)["reasons"]
+    assert "no sample ids" in unsharded[0] and "does not shard by rank itself" in unsharded[1]
 
     from torchvision import transforms
 
