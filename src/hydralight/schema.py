@@ -288,6 +288,7 @@ def compose_jobs(config_dir: str, config_name: str, argv: list[str]) -> list[Dic
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from hydralight.errors import UserError
+    from hydralight.run_dir import PRINT_ONLY
 
     if any(arg.split("=", 1)[0] in _OTHER_CONFIG + _HYDRA_ONLY for arg in argv):
         return []  # another config tree, or nothing composed: Hydra checks and prints it itself
@@ -300,7 +301,7 @@ def compose_jobs(config_dir: str, config_name: str, argv: list[str]) -> list[Dic
     jobs = [overrides]
     multirun = "-m" in argv or "--multirun" in argv or "hydra.mode=MULTIRUN" in argv
     searched = [a for a in overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
-    if searched and not multirun and not any(flag in argv for flag in ("--cfg", "-c", "--help", "-h", "--info")):
+    if searched and not multirun and not any(flag in argv for flag in PRINT_ONLY):
         raise UserError(f"{searched[0]} runs many trials: add -m (python train.py -m {searched[0]} ...)")
     if multirun:
         try:
