@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -104,8 +105,10 @@ def test_an_unreadable_image_is_named_or_skipped(fresh_image_folder, tmp_path):
         (lambda root: (root / "train" / "cat").mkdir(), r"train/cat holds no images"),
         (lambda root: (root / "test" / "dog").mkdir(), r"test/dog is a class that .*train does not have"),
         (lambda root: os.rename(root / "test", root / "tests"), r"has no test/ folder"),
+        (lambda root: [shutil.rmtree(d) for d in (root / "test").iterdir()], r"test holds no class folders"),
+        (lambda root: shutil.rmtree(root), r"data.root=.* is not a folder"),
     ],
-    ids=["empty-class", "unknown-test-class", "no-test-folder"],
+    ids=["empty-class", "unknown-test-class", "no-test-folder", "empty-test-folder", "no-root"],
 )
 def test_a_folder_layout_that_cannot_train_is_one_line(fresh_image_folder, tmp_path, damage, message):
     damage(fresh_image_folder)

@@ -2,7 +2,7 @@
 folder names (sorted), validation carved from train.
 
 Small data sets (up to `max_memory_gb` decoded) are decoded once into one uint8 tensor per split, cached
-on disk for the next runs and jobs, and then train exactly as MNIST does (the tensor loader, the same
+on disk for the next runs and jobs, and then train as the built-in data sets do (the tensor loader, the same
 samplers, keyed augmentation and resume). Larger ones are decoded per sample by DataLoader workers.
 """
 
@@ -75,13 +75,11 @@ def list_images(root: Path) -> Listing:
                 f"{root} has no {split}/ folder; data=imagefolder reads {root}/train/<class>/* and {root}/test/<class>/*"
             )
     classes = class_folders(where["train"])
-    if not classes:
-        raise UserError(
-            f"{where['train']} holds no class folders; put each class's images in {where['train']}/<class>/"
-        )
     files: dict[str, list[tuple[Path, int]]] = {}
     for split, folder in where.items():
         names = class_folders(folder)
+        if not names:
+            raise UserError(f"{folder} holds no class folders; put each class's images in {folder}/<class>/")
         if unknown := [name for name in names if name not in classes]:
             raise UserError(
                 f"{folder / unknown[0]} is a class that {where['train']} does not have; "

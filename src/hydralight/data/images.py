@@ -196,7 +196,7 @@ class ImageDataModule(pl.LightningDataModule):
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 images to float, per channel `(x / 255 - mean) / std`."""
         x = x.float().div_(255.0)
-        if len(self.mean) == 1:  # Python scalars, as MNIST always was: bit for bit the same numbers
+        if len(self.mean) == 1:  # Python scalars: bit for bit the numbers grey-level data always had here
             return x.sub_(self.mean[0]).div_(self.std[0])
         if x.device not in self._normalizers:  # made once per device: no host-to-device copy per batch
             shape = (-1, 1, 1)
