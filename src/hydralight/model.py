@@ -62,10 +62,11 @@ class MLP(nn.Sequential):
 
 
 class FastCNN(nn.Sequential):
-    """Two 5x5 conv + BatchNorm blocks and one hidden layer: cheap per sample, quick to converge.
+    """Two conv + BatchNorm blocks (5x5 by default) and one hidden layer: cheap per sample, quick to converge.
 
     `pooled` > 0 pools the last feature map to pooled x pooled before the head, so large images keep a
     small head; 0 flattens the whole map (a quarter of the image per side, as on 28x28 digits).
+    `kernels` are the two convolutions' sizes (odd: "same" padding keeps the map's size before each pool).
     """
 
     def __init__(
@@ -76,16 +77,20 @@ class FastCNN(nn.Sequential):
         num_classes: int = 10,
         input_shape: Sequence[int] = MNIST_SHAPE,
         pooled: int = 0,
+        kernels: Sequence[int] = (5, 5),
     ) -> None:
         c1, c2 = channels
         c, h, w = input_shape
+        k1, k2 = kernels
+        if k1 % 2 == 0 or k2 % 2 == 0:
+            raise ValueError(f"FastCNN kernels={list(kernels)}: use odd sizes (e.g. [5, 3])")
         # conv_bias=false (model=fastcnn): a bias before BatchNorm is removed by the normalization, its
         # gradient is rounding noise that Adam turns into steps. The default keeps older checkpoints loadable.
         head: list[nn.Module] = [nn.AdaptiveAvgPool2d(pooled)] if pooled else []
         side = (pooled, pooled) if pooled else (h // 4, w // 4)
         super().__init__(
-            nn.Conv2d(c, c1, 5, padding=2, bias=conv_bias), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 5, padding=2, bias=conv_bias), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c, c1, k1, padding=k1 // 2, bias=conv_bias), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, k2, padding=k2 // 2, bias=conv_bias), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
             *head, nn.Flatten(), nn.Linear(c2 * side[0] * side[1], hidden), nn.ReLU(), nn.Linear(hidden, num_classes),
         )  # fmt: skip
 
