@@ -2,7 +2,8 @@
 
 1. framework overhead: the project's Lightning loop vs a plain PyTorch loop (same model, batches, optimizer)
 2. data path: the tensor loader vs torchvision MNIST + ToTensor/Normalize through a DataLoader
-3. time to 99%: whole `python train.py experiment=fast` vs the classic recipe vs a plain PyTorch script
+3. time to 99%: `python train.py experiment=fast` (seeds 0-4) vs a plain PyTorch script vs the classic recipe,
+   process start to `test/acc`
 4. start-up: `python train.py --cfg job`, and process start to the first training step
 5. scaling: 1 vs 2 DDP processes on CPU, same global batch and steps
 6. keyed dropout: a training step of the default network with per-sample keyed dropout vs torch's dropout
@@ -140,70 +141,115 @@ def data_path(data_dir: str, batches: int, repeats: int) -> dict:
 
 
 # 3. Time to 99% ------------------------------------------------------------------------------------
+# The plain PyTorch recipe that experiment=fast is measured against: torch alone (no project import, so
+# its start-up is torch's), conv 24ch 5x5 -> max-pool -> conv 32ch 3x3 -> max-pool -> fc 256 -> 10, Adam
+# lr 0.01 betas (0.7, 0.9) with torch's OneCycleLR defaults, batch 256, one epoch over uint8 images held in
+# memory and normalized per batch. It trains on the project's 55,000 training images (the same seeded
+# hold-out of 5,000), so both see the same samples. Usage: plain_recipe.py DATA_DIR SEED
 PLAIN_RECIPE = r"""
-import sys, time, torch, torch.nn.functional as F
-from hydralight.data import MEAN, STD, load_split
-from hydralight.model import FastCNN
-torch.manual_seed(42)
-images, labels = load_split(sys.argv[1], train=True)
-order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(42))[min(5000, len(labels) // 6):]
-x_all = images[order].unsqueeze(1).float().div(255).sub(MEAN).div(STD); y_all = labels[order]
-model = FastCNN([24, 48], 128); opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-steps = len(y_all) // 64
-sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps, pct_start=0.25)
-perm = torch.randperm(len(y_all))
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MEAN, STD = 0.1307, 0.3081
+BATCH = 256
+
+
+def split(raw: Path, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+    images = bytearray((raw / f"{prefix}-images-idx3-ubyte").read_bytes()[16:])
+    labels = bytearray((raw / f"{prefix}-labels-idx1-ubyte").read_bytes()[8:])
+    return torch.frombuffer(images, dtype=torch.uint8).view(-1, 28, 28), torch.frombuffer(labels, dtype=torch.uint8).long()
+
+
+def normalized(images: torch.Tensor) -> torch.Tensor:
+    return images.unsqueeze(1).float().div(255).sub(MEAN).div(STD)
+
+
+raw = Path(sys.argv[1]) / "MNIST" / "raw"
+torch.manual_seed(int(sys.argv[2]))
+images, labels = split(raw, "train")
+keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(42))[min(5000, len(labels) // 6):]
+images, labels = images[keep], labels[keep]
+model = nn.Sequential(
+    nn.Conv2d(1, 24, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+    nn.Conv2d(24, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+    nn.Flatten(), nn.Linear(32 * 7 * 7, 256), nn.ReLU(), nn.Linear(256, 10),
+)
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.7, 0.9))
+steps = len(labels) // BATCH
+schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.01, total_steps=steps)
+order = torch.randperm(len(labels))
 for i in range(steps):
-    idx = perm[i * 64:(i + 1) * 64]
-    loss = F.cross_entropy(model(x_all[idx]), y_all[idx]); opt.zero_grad(); loss.backward(); opt.step(); sched.step()
-model.eval(); ti, tl = load_split(sys.argv[1], train=False)
+    batch = order[i * BATCH : (i + 1) * BATCH]
+    loss = F.cross_entropy(model(normalized(images[batch])), labels[batch])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+model.eval()
+test_images, test_labels = split(raw, "t10k")
 with torch.no_grad():
-    acc = (model(ti.unsqueeze(1).float().div(255).sub(MEAN).div(STD)).argmax(1) == tl).float().mean().item()
-print(f"test/acc={acc:.4f}")
+    right = sum(
+        (model(normalized(test_images[i : i + 1000])).argmax(1) == test_labels[i : i + 1000]).sum().item()
+        for i in range(0, len(test_labels), 1000)
+    )
+print(f"test/acc={right / len(test_labels):.4f}", flush=True)
 """
+SEEDS = (0, 1, 2, 3, 4)
 
 
 def accuracy_of(output: str) -> float:
     return float(re.findall(r"^test/acc=(\d\.\d+)", output, re.M)[-1])
 
 
+def until_result(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Seconds from process start to its `test/acc=` line (what a user waits for; teardown after it is
+    left out), and that accuracy."""
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        command, cwd=ROOT, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    seconds, lines = None, []
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line)
+        if seconds is None and line.startswith("test/acc="):
+            seconds = time.perf_counter() - start
+    if process.wait() or seconds is None:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{''.join(lines)[-3000:]}")
+    return seconds, accuracy_of("".join(lines))
+
+
 def time_to_99(data_dir: str, repeats: int, smoke: bool, out: Path) -> dict:
+    """experiment=fast on every seed of SEEDS against the plain recipe (>= 3 runs), interleaved so both
+    see the same machine load; then the classic recipe once."""
     env = {"DATA_DIR": data_dir}
     tiny = ["data.val_size=100", "trainer.limit_train_batches=5", "batch.eval_size=50"] if smoke else []
-    runs = {
-        "fast": [*TRAIN, "experiment=fast", "hardware=cpu", "logger=none", *tiny],
-        "classic": [
-            *TRAIN,
-            "model=cnn",
-            "data.loader=torchvision",
-            "batch.global_size=128",
-            "trainer.max_epochs=3",
-            "hardware=cpu",
-            "logger=none",
-            *tiny,
-        ],  # fmt: skip
-    }
-    results: dict = {}
-    for name, command in runs.items():
-        accs = []
-
-        def once(command=command, name=name, accs=accs) -> float:
-            seconds, output = run([*command, f"hydra.run.dir={tempfile.mkdtemp(dir=out)}"], env)
-            accs.append(accuracy_of(output))
-            return seconds
-
-        results[name] = timed(once, 1 if name == "classic" else repeats)
-        results[name]["test_acc"] = accs
+    fast = [*TRAIN, "experiment=fast", "hardware=cpu", "logger=none", *tiny]
     script = out / "plain_recipe.py"
     script.write_text(PLAIN_RECIPE)
-    accs = []
-
-    def plain() -> float:
-        seconds, output = run([sys.executable, str(script), data_dir], env)
-        accs.append(accuracy_of(output))
-        return seconds
-
-    results["plain"] = timed(plain, repeats)
-    results["plain"]["test_acc"] = accs
+    seeds = SEEDS[:1] if smoke else SEEDS
+    plain_seeds = seeds[:1] if smoke else SEEDS[: max(3, min(repeats, len(SEEDS)))]
+    times: dict[str, list[float]] = {"fast": [], "plain": []}
+    accs: dict[str, list[float]] = {"fast": [], "plain": []}
+    for seed in seeds:
+        runs = {"fast": [*fast, f"seed={seed}", f"hydra.run.dir={tempfile.mkdtemp(dir=out)}"]}
+        if seed in plain_seeds:
+            runs["plain"] = [sys.executable, str(script), data_dir, str(seed)]
+        for name, command in runs.items():
+            seconds, acc = until_result(command, env)
+            times[name].append(seconds)
+            accs[name].append(acc)
+    results: dict = {name: {**summary(times[name]), "test_acc": accs[name]} for name in times}
+    results["fast"]["seeds"], results["plain"]["seeds"] = list(seeds), list(plain_seeds)
+    classic = [*TRAIN, "model=cnn", "data.loader=torchvision", "batch.global_size=128", "trainer.max_epochs=3",
+               "hardware=cpu", "logger=none", *tiny]  # fmt: skip
+    seconds, acc = until_result([*classic, f"hydra.run.dir={tempfile.mkdtemp(dir=out)}"], env)
+    results["classic"] = {**summary([seconds]), "test_acc": [acc]}
     results["speedup_vs_classic"] = results["classic"]["median"] / results["fast"]["median"]
     results["vs_plain"] = results["fast"]["median"] / results["plain"]["median"]
     return results
@@ -322,8 +368,10 @@ def write_results(results: dict, out: Path, smoke: bool) -> None:
          f"{fmt(d['tensor_samples_per_s'], 0)} vs {fmt(d['torchvision_samples_per_s'], 0)}"),
         ("time to 99%: classic / experiment=fast", f"{t['speedup_vs_classic']:.1f}x", ">= 10x",
          f"{fmt(t['fast'])} s (acc {t['fast']['test_acc']}) vs {fmt(t['classic'])} s (acc {t['classic']['test_acc']})"),
-        ("time to 99%: experiment=fast / plain script", f"{t['vs_plain']:.2f}", "<= 1.3",
-         f"plain {fmt(t['plain'])} s (acc {t['plain']['test_acc']})"),
+        ("time to 99%: experiment=fast / plain script, start to `test/acc`", f"{t['vs_plain']:.2f}", "<= 1.3",
+         f"{fmt(t['fast'])} s vs {fmt(t['plain'])} s (plain acc {t['plain']['test_acc']}, seeds {t['plain']['seeds']})"),
+        ("time to 99%: experiment=fast test acc, worst seed", f"{min(t['fast']['test_acc']):.4f}", ">= 0.990",
+         f"seeds {t['fast']['seeds']}: {t['fast']['test_acc']}, mean {statistics.mean(t['fast']['test_acc']):.4f}"),
         ("start-up: `train.py --cfg job`", f"{s['cfg_job_s']['median']:.2f} s", "< 1 s", fmt(s["cfg_job_s"])),
         ("start-up: process start to first step", f"{s['first_step_s']['median']:.2f} s", "-", fmt(s["first_step_s"])),
         ("DDP on CPU: 2 / 1 processes samples/s", f"{p['speedup']:.2f}x", "-",
