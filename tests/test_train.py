@@ -26,6 +26,29 @@ def test_train_writes_checkpoint_metrics_and_record(tiny_data, tmp_path):
         assert column in metrics
 
 
+# Lightning's banners and tips: what a plain run's console must not show.
+NOISE = ("GPU available", "TPU available", "Tip:", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "srun", "FLOPs",
+         "Trainable params", "`Trainer.fit` stopped", "weights_only", "LeafSpec")  # fmt: skip
+
+
+def test_console_of_a_plain_run_is_plan_run_dir_progress_result(tiny_data, tmp_path):
+    # An `srun` on the PATH outside SLURM, as on a cluster's login node: Lightning would suggest using it.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    run = tmp_path / "run"
+    result = run_cli(TINY, run, tiny_data, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    console = result.stdout + result.stderr
+    assert [line for line in console.splitlines() if any(n in line for n in NOISE)] == []
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("plan: 1 cpu process") and "global batch 32" in lines[0] and "MLP" in lines[0]
+    assert lines[1] == f"run dir: {run}"
+    assert lines[-1].startswith("test/acc=")
+    assert "Traceback" not in console and "Warning" not in console
+
+
 def test_eval_of_a_checkpoint_reproduces_the_reported_accuracy(tiny_data, tmp_path):
     train = run_cli([*TINY, "trainer.limit_train_batches=8"], tmp_path / "train", tiny_data)
     assert train.returncode == 0, train.stderr

@@ -44,6 +44,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
         starting_model,
         with_evaluated_model,
     )
+    from hydralight.console import quiet_framework, show_start, testing
     from hydralight.data.contract import build_datamodule, shards_by_rank
     from hydralight.distributed import build_strategy, job_scope
     from hydralight.invariance import InvarianceCheck
@@ -54,8 +55,7 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
     from hydralight.run_record import RunRecord
     from hydralight.trainer import build_callbacks, build_trainer
 
-    # Lightning-internal deprecation that users cannot act on, printed once per rank.
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    quiet_framework()  # the console shows the plan, the run dir, progress and the result
 
     # 1. Plan: hardware -> framework -> task, refused here if this machine cannot run it.
     cfg = resumed_config(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)), overrides or [])
@@ -81,6 +81,8 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
         apply_plan(plan, cfg.seed)
         # 2. Build: model, callbacks, loggers, trainer.
         model = starting_model(cfg, **plan.model_kwargs(), **task_sizes(datamodule))
+        if is_rank_zero():
+            show_start(plan, model, output_dir)
         loggers = build_loggers(cfg, plan, record.manifest)
         strategy = build_strategy(plan, record.config_file)
         # Whether 1 and N processes train alike with this model and data goes into the run's record.
@@ -95,7 +97,8 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
                 trainer.fit(model, datamodule=datamodule, ckpt_path=resume_path(cfg, output_dir), weights_only=True)
         best = getattr(trainer.checkpoint_callback, "best_model_path", None) if cfg.mode == "train" else cfg.ckpt_path
         fit_metrics = dict(trainer.callback_metrics)
-        trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
+        with testing():
+            trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
 
         # 4. Report: results.json, manifest.json, one line.
         return record.finish(trainer, {**fit_metrics, **trainer.callback_metrics}, best)
