@@ -7,6 +7,7 @@
 4. start-up: `python train.py --cfg job`, and process start to the first training step
 5. scaling: 1 vs 2 DDP processes on CPU, same global batch and steps
 6. keyed dropout: a training step of the default network with per-sample keyed dropout vs torch's dropout
+7. cheap step: ms per optimizer step of a cheap step: plain loop, bare Lightning, the project's `train.py`
 
 Every figure is the median of --repeats runs with min and max. Results go to benchmarks/RESULTS.md
 and benchmarks/results.png (or --out). Needs the real MNIST in DATA_DIR, except with --smoke, which
@@ -49,9 +50,29 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT)
 
 
 # 1. Framework overhead ------------------------------------------------------------------------------
+def bare_lightning_seconds(net_cfg: dict, datamodule, steps: int, accelerator: str = "cpu") -> float:
+    """Seconds of `fit` for `steps` steps of the project's module in a Trainer without logger, checkpoints,
+    progress bar or validation."""
+    import pytorch_lightning as pl
+
+    from hydralight.model import Classifier
+
+    pl.seed_everything(0, verbose=False)
+    model = Classifier(net=net_cfg, optimizer={"_target_": "torch.optim.Adam", "_partial_": True}, lr=1e-3)
+    trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, limit_val_batches=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         use_distributed_sampler=False, num_sanity_val_steps=0)  # fmt: skip
+    start = time.perf_counter()
+    trainer.fit(model, datamodule=datamodule)
+    if accelerator == "gpu":
+        import torch
+
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def framework_overhead(data_dir: str, steps: int, repeats: int) -> dict:
     """Seconds for `steps` optimizer steps: Lightning (project loop, logging on) vs plain PyTorch."""
-    import pytorch_lightning as pl
     import torch
     import torch.nn.functional as F
 
@@ -65,14 +86,7 @@ def framework_overhead(data_dir: str, steps: int, repeats: int) -> dict:
     dm.setup("fit")
 
     def lightning() -> float:
-        pl.seed_everything(0, verbose=False)
-        model = Classifier(net=net_cfg, optimizer=opt_cfg, lr=1e-3)
-        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, limit_val_batches=0, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                             use_distributed_sampler=False, num_sanity_val_steps=0)  # fmt: skip
-        start = time.perf_counter()
-        trainer.fit(model, datamodule=dm)
-        return time.perf_counter() - start
+        return bare_lightning_seconds(net_cfg, dm, steps)
 
     def plain() -> float:
         torch.manual_seed(0)
@@ -341,6 +355,94 @@ def keyed_dropout(steps: int, repeats: int) -> dict:
     return result
 
 
+# 7. Cheap step ------------------------------------------------------------------------------------
+def cheap_step(
+    data_dir: str,
+    lengths: tuple[int, int],
+    repeats: int,
+    out: Path,
+    smoke: bool,
+    accelerator: str = "cpu",
+    overrides: tuple[str, ...] = (),
+) -> dict:
+    """Milliseconds per optimizer step when the step itself is cheap (MLP 784-128-256-10, batch 64, Adam,
+    in-memory tensors), as on a GPU: what is measured is the work around the step. A plain PyTorch loop,
+    a bare Lightning Trainer (same module and batches, no logger, checkpoint or progress) and the
+    project through `train.py` with its default callbacks (and `overrides`), each timed at two run
+    lengths: the difference leaves out start-up, the final validation and the test. Runs are
+    interleaved, so that drift in the machine's speed hits all three alike. `accelerator="gpu"`: all
+    three on one GPU (scripts/gpu_bench.sh)."""
+    import torch
+    import torch.nn.functional as F
+
+    from hydralight.data import MEAN, STD, MNISTDataModule
+    from hydralight.model import MLP
+
+    # One thread everywhere: the arithmetic is not what is measured, and threads that wait for a shared
+    # machine's cores would swamp the differences.
+    torch.set_num_threads(1)
+    device = torch.device("cuda" if accelerator == "gpu" else "cpu")
+    val_size = 100 if smoke else 5000
+    net_cfg = {"_target_": "hydralight.model.MLP", "hidden": [128, 256]}
+
+    def datamodule() -> MNISTDataModule:
+        return MNISTDataModule(data_dir, global_size=64, val_size=val_size, download=False)
+
+    dm = datamodule()
+    dm.setup("fit")
+    images, labels = dm.splits["train"].images.to(device), dm.splits["train"].labels.to(device)
+
+    def finished() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def plain(steps: int) -> float:
+        torch.manual_seed(0)
+        model = MLP([128, 256]).to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        order = torch.randperm(len(labels), device=device)
+        per_epoch = len(labels) // 64
+        start = finished()
+        for step in range(steps):
+            idx = order[(step % per_epoch) * 64 : (step % per_epoch + 1) * 64]
+            x = images[idx].float().div_(255.0).sub_(MEAN).div_(STD)
+            loss = F.cross_entropy(model(x), labels[idx])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return finished() - start
+
+    def lightning(steps: int) -> float:
+        # A fresh data module on GPUs: set up inside `fit`, it keeps its tensors on the trainer's device.
+        return bare_lightning_seconds(net_cfg, datamodule() if device.type == "cuda" else dm, steps, accelerator)
+
+    hardware = "hardware=1gpu" if accelerator == "gpu" else "hardware=cpu"
+
+    def project(steps: int) -> float:
+        run_dir = Path(tempfile.mkdtemp(dir=out))
+        run([*TRAIN, hardware, "model=mlp", "batch.global_size=64", "logger=none", f"trainer.max_steps={steps}",
+             f"data.val_size={val_size}", *overrides, f"hydra.run.dir={run_dir}"],
+            {"DATA_DIR": data_dir, "OMP_NUM_THREADS": "1"})  # fmt: skip
+        # Time inside `fit`, read back from the run's results: process start-up is not part of a step.
+        return float(json.loads((run_dir / "results.json").read_text())["fit_seconds"])
+
+    loops = {"plain": plain, "lightning": lightning, "project": project}
+    for loop in (plain, lightning):  # warm-up: first-call costs are not the loop's (each project run is a new process)
+        loop(lengths[0])
+    per_step: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(repeats):
+        for name, loop in loops.items():
+            short, long = loop(lengths[0]), loop(lengths[1])
+            per_step[name].append((long - short) / (lengths[1] - lengths[0]) * 1000)
+    results: dict = {f"{name}_ms_per_step": summary(values) for name, values in per_step.items()}
+    lightning_ms = results["lightning_ms_per_step"]["median"]
+    results["project_vs_lightning"] = results["project_ms_per_step"]["median"] / lightning_ms
+    results["lightning_vs_plain"] = lightning_ms / results["plain_ms_per_step"]["median"]
+    results["steps"] = list(lengths)
+    return results
+
+
 def machine() -> str:
     import torch
 
@@ -380,6 +482,15 @@ def write_results(results: dict, out: Path, smoke: bool) -> None:
         ("keyed dropout: step with keyed / torch dropout", f"{k['ratio']:.3f}", "<= 1.15",
          f"{fmt(k['keyed_ms_per_step'], 1)} vs {fmt(k['torch_ms_per_step'], 1)} ms per step (SeedCNN, batch 128, CPU)"),
     ]  # fmt: skip
+    if (c := results.get("cheap_step")) is not None:
+        ms = {name: fmt(c[f"{name}_ms_per_step"]) for name in ("project", "lightning", "plain")}
+        rows += [
+            ("cheap step: project / bare Lightning ms per step", f"{c['project_vs_lightning']:.2f}", "<= 1.15",
+             f"{ms['project']} vs {ms['lightning']} ms (MLP 784-128-256-10, batch 64, steps {c['steps'][0]} to "
+             f"{c['steps'][1]}; the project with its default callbacks, logger=none)"),
+            ("cheap step: bare Lightning / plain loop ms per step", f"{c['lightning_vs_plain']:.2f}", "-",
+             f"{ms['lightning']} vs {ms['plain']} ms"),
+        ]  # fmt: skip
     lines = [
         "# Benchmarks" + (" (smoke run: tiny sizes, numbers mean nothing)" if smoke else ""),
         "",
@@ -452,15 +563,17 @@ def main() -> int:
         "startup": lambda: startup(data_dir, repeats, work),
         "scaling": lambda: scaling(data_dir, 10 if args.smoke else 150, repeats, work),
         "keyed_dropout": lambda: keyed_dropout(5 if args.smoke else 50, repeats if args.smoke else 2 * repeats),
+        "cheap_step": lambda: cheap_step(data_dir, (2, 5) if args.smoke else (150, 800), repeats, work, args.smoke),
     }
     chosen = args.only.split(",") if args.only else list(suite)
     earlier = json.loads((out / "results.json").read_text()) if args.only and (out / "results.json").is_file() else {}
     today = time.strftime("%Y-%m-%d")
     here = machine()
     results = {
-        name: {**suite[name](), "measured": today, "machine": here} if name in chosen else earlier[name]
+        name: {**suite[name](), "measured": today, "machine": here} if name in chosen else earlier.get(name)
         for name in suite
     }
+    results = {name: value for name, value in results.items() if value is not None}  # not measured yet
     write_results(results, out, args.smoke)
     print((out / "RESULTS.md").read_text())
     return 0
