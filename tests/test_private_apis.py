@@ -1374,3 +1374,26 @@ def test_dataset_getitems_fetches_whole_batches() -> None:
     loader = DataLoader(Whole(), batch_sampler=[torch.tensor([0, 1]), torch.tensor([2, 3])], collate_fn=lambda b: b)
     got = list(loader)
     assert got == [("batch", [0, 1]), ("batch", [2, 3])] and Whole.per_sample == 0, hook.moved(f"batches were {got}")
+
+
+def test_should_update_logs_says_which_training_steps_are_written(tmp_path: Path) -> None:
+    hook = Hook(
+        "pytorch_lightning",
+        "trainer._logger_connector.should_update_logs",
+        "model.py",
+        "logging the step loss only at the steps Lightning writes to the loggers",
+    )
+    logger = Recorder()
+    asked: list[bool] = []
+
+    class Asking(Tiny):
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            value = dig(self.trainer, "_logger_connector.should_update_logs")
+            assert isinstance(value, bool), hook.moved(f"it is {value!r}")
+            asked.append(value)
+            return super().training_step(batch, batch_idx)
+
+    trainer = tiny_trainer(tmp_path, max_steps=6, logger=logger, log_every_n_steps=3)
+    trainer.fit(Asking())
+    written = [step for step, metrics in logger.rows if "loss" in metrics]
+    assert [i for i, due in enumerate(asked) if due] == written == [2, 5], hook.moved(f"asked {asked}, wrote {written}")

@@ -210,9 +210,25 @@ class Classifier(pl.LightningModule):
         # The step value is this rank's, logged as it is; the epoch value is reduced over all ranks and
         # samples once per epoch (a Metric's forward on every step would cost more than the step itself).
         self.train_loss.update(loss.detach(), len(y))
-        self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, prog_bar=True, batch_size=len(y))
-        self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True, batch_size=len(y))
+        self._log_train_loss(loss.detach(), len(y))
         return loss
+
+    def _log_train_loss(self, loss: torch.Tensor, batch_size: int) -> None:
+        """Hand the loss to Lightning only when it is used: a `self.log` costs more than a cheap step.
+
+        The step value at the steps Lightning writes to the loggers (every `trainer.log_every_n_steps`)
+        and at the last of an epoch or of the run (the progress lines show the latest); the epoch Metric
+        once per epoch and trainer, which keeps it in the epoch's results (Lightning computes and resets
+        it at the epoch end) while `update` above accumulates every step.
+        """
+        trainer = self.trainer
+        last = trainer.is_last_batch or 0 < trainer.max_steps <= self.global_step + 1
+        if last or trainer._logger_connector.should_update_logs or trainer.fast_dev_run:
+            self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch_size)
+        epoch = (id(trainer), self.current_epoch)
+        if getattr(self, "_train_loss_logged", None) != epoch:
+            self._train_loss_logged = epoch
+            self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True, batch_size=batch_size)
 
     def _kept_state(self) -> str:
         last = Path(self.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
