@@ -277,3 +277,32 @@ def test_rank_is_read_in_lightning_s_order(monkeypatch, env, rank):
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     assert global_rank() == rank
+
+
+HELPERS = Path(__file__).parent / "helpers"
+LONGER = [*DDP2, "trainer.limit_train_batches=null", "trainer.max_epochs=3"]
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tiny_data, tmp_path):
+    """SIGTERM reaches rank 1 only: the ranks agree at a later step boundary, save one last.ckpt together
+    and exit; the same command then finishes the run."""
+    run = tmp_path / "run"
+    signal_at = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=3",
+                 "+callbacks.zz_signal.rank=1", "callbacks.last_checkpoint.every_n_steps=null"]  # fmt: skip
+    first = run_cli([*LONGER, *signal_at], run, tiny_data, PYTHONPATH=str(HELPERS))
+    assert first.returncode == 128 + 15, first.stderr[-2000:]
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 3 <= saved < 45  # 3 epochs of 15 steps: stopped before the end
+    assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"
+    again = run_cli(LONGER, run, tiny_data)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert results(run)["global_step"] == 45
+
+
+def test_time_based_saves_agree_across_ranks(tiny_data, tmp_path):
+    """A save every few milliseconds of rank 0's clock: every rank saves at the agreed steps, no rank waits."""
+    run = tmp_path / "run"
+    timed = ["callbacks.last_checkpoint.every_n_steps=null", "callbacks.last_checkpoint.every_minutes=0.0001"]
+    result = run_cli([*LONGER, *timed], run, tiny_data)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert results(run)["global_step"] == 45

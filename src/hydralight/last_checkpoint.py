@@ -27,6 +27,7 @@ import torch
 from lightning_fabric.plugins import TorchCheckpointIO
 from pytorch_lightning.callbacks import Callback
 
+from hydralight.agreement import agreement
 from hydralight.errors import UserError
 
 LAST = "last.ckpt"
@@ -78,7 +79,7 @@ def write_checkpoint(trainer: pl.Trainer, path: Path) -> None:
     """Save the trainer's state to `path`, with the metrics logged so far flushed to disk first."""
     for logger in trainer.loggers:
         logger.save()
-    trainer.save_checkpoint(path)
+    trainer.save_checkpoint(path, weights_only=False)  # the whole state: a run continues from it
 
 
 class LastCheckpoint(Callback):
@@ -120,6 +121,8 @@ class LastCheckpoint(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.start_step = trainer.global_step  # where this attempt began (throughput counts from here)
         self._last_save = time.monotonic()
+        if self.every_minutes:
+            agreement(trainer).register("save_due", self._time_due, rank_zero_decides=True)
         self._saved_step = trainer.global_step if self.path.is_file() else -1
         for logger in trainer.loggers:
             forget = getattr(logger, "forget_from_step", None)
@@ -131,13 +134,16 @@ class LastCheckpoint(Callback):
         # one ahead. Keeping it equal to the step makes a resumed run log exactly what an uninterrupted one does.
         trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
 
+    def _time_due(self) -> int:
+        return int(time.monotonic() - self._last_save >= 60 * self.every_minutes)  # type: ignore[operator]
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         if not at_step_boundary(trainer, args[-1]):
             return
         due = bool(self.every_n_steps) and trainer.global_step % self.every_n_steps == 0
-        if self.every_minutes and not due:
-            # Clocks differ between ranks: rank 0 decides for all.
-            due = trainer.strategy.broadcast(time.monotonic() - self._last_save >= 60 * self.every_minutes)
+        if self.every_minutes:
+            # Clocks differ between ranks: rank 0's decides, agreed with the other step-boundary decisions.
+            due = agreement(trainer).agreed(trainer, pl_module)["save_due"] > 0 or due
         if due:
             self._save(trainer, None)
 

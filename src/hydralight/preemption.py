@@ -1,8 +1,9 @@
 """Ending a run on request (the cluster's warning signal, SIGTERM, Ctrl-C) with a checkpoint.
 
-One owner for these signals: this callback. A handler only records the signal; at the next optimizer
-step boundary the ranks agree (an all-reduce), save `last.ckpt` together, rank 0 asks SLURM to requeue
-the job when the signal was the time-limit/preemption warning, and every rank exits. Saving inside
+One owner for these signals: this callback. A handler only records the signal; at a step boundary the
+ranks agree (hydralight.agreement: at the next step in one process, within about a second in several),
+save `last.ckpt` together, rank 0 asks SLURM to requeue the job when the signal was the
+time-limit/preemption warning, and every rank exits. Saving inside
 the handler instead (as Lightning's SLURM handler does) can run in the middle of an optimizer step or
 a collective and write a torn checkpoint or hang.
 """
@@ -18,9 +19,9 @@ from types import FrameType
 from typing import Any
 
 import pytorch_lightning as pl
-import torch
 from pytorch_lightning.callbacks import Callback
 
+from hydralight.agreement import agreement
 from hydralight.last_checkpoint import at_step_boundary, write_checkpoint
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Preemption(Callback):
         # Runs after Lightning (and submitit) installed theirs: from here this callback owns them.
         for signum in (signal.SIGTERM, signal.SIGINT, self.requeue_signal):
             self._previous[signum] = signal.signal(signum, self._handler)
+        agreement(trainer).register("signal", lambda: self.requested)  # the strongest request over ranks
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for signum, handler in self._previous.items():
@@ -72,10 +74,7 @@ class Preemption(Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         if not at_step_boundary(trainer, args[-1]):
             return  # mid-accumulation: the next boundary is a few micro-batches away
-        requested = self.requested
-        if trainer.world_size > 1:
-            flag = torch.tensor(requested, device=pl_module.device)
-            requested = int(trainer.strategy.reduce(flag, reduce_op="max"))
+        requested = agreement(trainer).agreed(trainer, pl_module)["signal"]
         if requested == NONE:
             return
         # This step's metrics are logged right after this hook, which the exit below skips: log them now,

@@ -7,11 +7,13 @@ import pytorch_lightning as pl
 
 
 class SignalAt(pl.Callback):
-    def __init__(self, step: int, signum: str = "SIGTERM") -> None:
-        self.step, self.signum = step, signal.Signals[signum]
+    """`rank`: only that rank's process gets the signal (None: every process that runs this callback)."""
+
+    def __init__(self, step: int, signum: str = "SIGTERM", rank: int | None = None) -> None:
+        self.step, self.signum, self.rank = step, signal.Signals[signum], rank
         self.sent = False
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
-        if trainer.global_step == self.step and not self.sent:
+        if trainer.global_step == self.step and not self.sent and self.rank in (None, trainer.global_rank):
             self.sent = True
             os.kill(os.getpid(), self.signum)
