@@ -9,7 +9,7 @@ import torch
 from conftest import TINY, csv_rows, one_line, run_cli
 
 from hydralight.errors import UserError
-from hydralight.model import Classifier, build_net
+from hydralight.model import Classifier, FastCNN, build_net
 
 NETS = ["hydralight.model.SeedCNN", "hydralight.model.FastCNN", "hydralight.model.MLP", "hydralight.model.small_resnet"]
 
@@ -29,6 +29,17 @@ def test_mnist_networks_are_unchanged_and_explicit_settings_win():
     assert net[-1].out_features == 3
     # A torchvision builder takes num_classes through **kwargs.
     assert build_net({"_target_": "torchvision.models.resnet18"}, 4, (3, 32, 32)).fc.out_features == 4
+
+
+def test_fastcnn_kernels_default_to_5x5_and_keep_the_map_size():
+    def kernels(net: torch.nn.Module) -> list[tuple[int, ...]]:
+        return [m.kernel_size for m in net if isinstance(m, torch.nn.Conv2d)]
+
+    assert kernels(build_net({"_target_": "hydralight.model.FastCNN"}, 10, (1, 28, 28))) == [(5, 5), (5, 5)]
+    net = build_net({"_target_": "hydralight.model.FastCNN", "kernels": [5, 3]}, 10, (1, 28, 28))
+    assert kernels(net) == [(5, 5), (3, 3)] and net(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    with pytest.raises(ValueError, match="odd sizes"):
+        FastCNN(kernels=[4, 3])
 
 
 def test_weights_for_other_data_sizes_are_refused_in_one_line():
