@@ -4,6 +4,7 @@ import json
 
 import pytest
 from conftest import run_cli
+from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
 
@@ -14,4 +15,6 @@ def test_experiment_fast_reaches_99_percent_in_one_epoch(real_data, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((run / "results.json").read_text())
     assert results["test/acc"] >= 0.99, results
-    assert (results["epochs"], results["global_step"]) == (1, 55_000 // 64)
+    # One pass over the 55,000 training images in whole batches of the preset's size.
+    batch = OmegaConf.load(run / "config.yaml").batch.global_size
+    assert (results["epochs"], results["global_step"]) == (1, 55_000 // batch)
