@@ -45,7 +45,7 @@ def test_console_of_a_plain_run_is_plan_run_dir_progress_result(tiny_data, tmp_p
     lines = result.stdout.splitlines()
     assert lines[0].startswith("plan: 1 cpu process") and "global batch 32" in lines[0] and "MLP" in lines[0]
     assert lines[1] == f"run dir: {run}"
-    assert lines[-1].startswith("test/acc=")
+    assert lines[-1].startswith("test/acc=") and sum(line.startswith("test") for line in lines) == 1
     assert "Traceback" not in console and "Warning" not in console
 
 

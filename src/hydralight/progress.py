@@ -11,7 +11,8 @@ from pytorch_lightning.callbacks import ProgressBar, RichProgressBar
 
 
 class LineProgress(ProgressBar):
-    """One line every N optimizer steps and at each epoch end: readable in SLURM and CI logs.
+    """One line every N optimizer steps and at each epoch end: readable in SLURM and CI logs (the test's
+    result is the run's last line, printed by the run record).
 
     Lightning's bars redraw with carriage returns, which fill a log file with partial lines.
     """
@@ -59,9 +60,6 @@ class LineProgress(ProgressBar):
             trainer,
             f"epoch {trainer.current_epoch} done in {seconds:.1f}s step {trainer.global_step} {self._metrics(trainer)}",
         )
-
-    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._print(trainer, f"test {self._metrics(trainer)}")
 
 
 class Throughput(pl.Callback):
