@@ -55,8 +55,10 @@ def bare_lightning_seconds(net_cfg: dict, datamodule, steps: int, accelerator: s
     progress bar or validation."""
     import pytorch_lightning as pl
 
+    from hydralight.console import quiet_framework
     from hydralight.model import Classifier
 
+    quiet_framework()
     pl.seed_everything(0, verbose=False)
     model = Classifier(net=net_cfg, optimizer={"_target_": "torch.optim.Adam", "_partial_": True}, lr=1e-3)
     trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, limit_val_batches=0, logger=False,

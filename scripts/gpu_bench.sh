@@ -68,6 +68,7 @@ PY
 } >> "$report"
 cheap "fp32"
 cheap "fp32, project with model.compile=true" model.compile=true
+cheap "fp32, project with model.compile=true, compile_mode=reduce-overhead" model.compile=true model.compile_mode=reduce-overhead
 cheap "bf16-mixed project, model.compile=true" precision=bf16-mixed model.compile=true
 # experiment=fast with a compiled network: compile time counts in the whole process, not in samples/s.
 {
