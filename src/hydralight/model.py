@@ -25,7 +25,7 @@ from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from hydralight.errors import UserError
-from hydralight.invariance import keyed, sample_keys, with_global_batchnorm, with_sample_dropout
+from hydralight.invariance import SampleDropout, keyed, sample_keys, with_global_batchnorm, with_sample_dropout
 
 MNIST_SHAPE = (1, 28, 28)
 log = logging.getLogger(__name__)
@@ -168,7 +168,10 @@ class Classifier(pl.LightningModule):
             with_sample_dropout(self.net)
         if global_batchnorm:
             with_global_batchnorm(self.net)
-        self.train_loss = MeanMetric()
+        # Only networks with keyed dropout need the per-sample keys: the others skip computing them each step.
+        self._keyed = any(isinstance(m, SampleDropout) for m in self.net.modules())
+        # The loss is checked for NaN in training_step already; the Metric's own check syncs with the GPU.
+        self.train_loss = MeanMetric(nan_strategy="disable")
         self.metrics = nn.ModuleDict(
             {
                 f"{stage}_{name}": metric
@@ -198,7 +201,7 @@ class Classifier(pl.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
         x, y, *ids = batch  # a data module that knows its samples adds their ids: (x, y, ids)
-        keys = sample_keys(self.hparams.seed, self.current_epoch, ids[0]) if ids else None
+        keys = sample_keys(self.hparams.seed, self.current_epoch, ids[0]) if ids and self._keyed else None
         with keyed(keys):
             loss = F.cross_entropy(self(x), y)
         if not torch.isfinite(loss):
