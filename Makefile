@@ -30,9 +30,10 @@ test: ## the whole test suite, slow tests included (what CI runs)
 test-fast: ## the quick tests only
 	$(BIN)/python -m pytest -ra $(PARALLEL) -m "not slow" $(ARGS)
 
-lint: ## ruff check and format check
+lint: ## ruff check, format check and the import contract (layers, no cycles; pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix .

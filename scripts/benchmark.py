@@ -55,8 +55,8 @@ def bare_lightning_seconds(net_cfg: dict, datamodule, steps: int, accelerator: s
     progress bar or validation."""
     import pytorch_lightning as pl
 
-    from hydralight.console import quiet_framework
-    from hydralight.model import Classifier
+    from hydralight.tasks.classifier import Classifier
+    from hydralight.training.console import quiet_framework
 
     quiet_framework()
     pl.seed_everything(0, verbose=False)
@@ -79,10 +79,10 @@ def framework_overhead(data_dir: str, steps: int, repeats: int) -> dict:
     import torch.nn.functional as F
 
     from hydralight.data import MEAN, STD, MNISTDataModule
-    from hydralight.model import Classifier
+    from hydralight.tasks.classifier import Classifier
 
     torch.set_num_threads(os.cpu_count() or 1)
-    net_cfg = {"_target_": "hydralight.model.FastCNN", "channels": [24, 48], "hidden": 128}
+    net_cfg = {"_target_": "hydralight.tasks.nets.FastCNN", "channels": [24, 48], "hidden": 128}
     opt_cfg = {"_target_": "torch.optim.Adam", "_partial_": True}
     dm = MNISTDataModule(data_dir, global_size=64, val_size=5000 if "smoke" not in data_dir else 100, download=False)
     dm.setup("fit")
@@ -325,8 +325,8 @@ def keyed_dropout(steps: int, repeats: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from hydralight.invariance import keyed, sample_keys, with_sample_dropout
-    from hydralight.model import SeedCNN
+    from hydralight.keyed import keyed, sample_keys, with_sample_dropout
+    from hydralight.tasks.nets import SeedCNN
 
     torch.manual_seed(0)
     nets = {"torch": SeedCNN(), "keyed": with_sample_dropout(SeedCNN())}
@@ -378,14 +378,14 @@ def cheap_step(
     import torch.nn.functional as F
 
     from hydralight.data import MEAN, STD, MNISTDataModule
-    from hydralight.model import MLP
+    from hydralight.tasks.nets import MLP
 
     # One thread everywhere: the arithmetic is not what is measured, and threads that wait for a shared
     # machine's cores would swamp the differences.
     torch.set_num_threads(1)
     device = torch.device("cuda" if accelerator == "gpu" else "cpu")
     val_size = 100 if smoke else 5000
-    net_cfg = {"_target_": "hydralight.model.MLP", "hidden": [128, 256]}
+    net_cfg = {"_target_": "hydralight.tasks.nets.MLP", "hidden": [128, 256]}
 
     def datamodule() -> MNISTDataModule:
         return MNISTDataModule(data_dir, global_size=64, val_size=val_size, download=False)

@@ -14,8 +14,8 @@ from pathlib import Path
 import yaml
 from hydra import compose, initialize_config_dir
 
-from hydralight.cloud import task_config, validate
 from hydralight.errors import UserError
+from hydralight.launch.dstack import task_config, validate
 from hydralight.train import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from hydralight.errors import UserError
-from hydralight.report import write_report
+from hydralight.reports.sweep import write_report
 
 
 def main() -> int:

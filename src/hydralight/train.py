@@ -1,28 +1,30 @@
-"""The one training entrypoint: compose config -> plan resources -> build -> fit -> test -> report.
+"""The one training entrypoint: resolve the run plan -> build -> fit -> test -> record.
 
-Heavy imports (torch, Lightning) happen inside `run`, so `python train.py --cfg job` stays instant.
+`cli` reads the command line once, checks every job's config, and hands it to Hydra; `main` is Hydra's
+task (one run, or one job of a sweep): it resolves the plan and runs it; `run` tells the story of a run.
+Heavy imports (torch, Lightning) happen inside `main`, so `python train.py --cfg job` stays quick.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from hydralight.config.compose import Invocation, compose_jobs
+from hydralight.config.plan import Machine, RunPlan
+from hydralight.config.resolve import JobInfo
+from hydralight.config.schema import register
 from hydralight.errors import UserError, exit_on_user_error
-from hydralight.run_dir import (
-    check_run_dir_writable,
-    fixed_run_dir,
-    is_rank_zero,
-    resume_overrides,
-    with_shared_run_dir,
-)
-from hydralight.run_lock import RunDirLock
-from hydralight.schema import compose_jobs, register
+from hydralight.rundir.launch import is_rank_zero
+from hydralight.rundir.lock import RunDirLock
 
 register()
 # ./conf holds your own options when you have any; without one there is nothing to warn about.
@@ -30,130 +32,196 @@ warnings.filterwarnings("ignore", message="provider=hydra.searchpath in main, pa
 
 # The configs ship inside the package, so an installed (non-editable) copy finds them too.
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
+# The run dir `cli` locked before Hydra wrote its record there (a named dir of a single run).
+_locked_before_hydra: Path | None = None
 
 
-def run(cfg: DictConfig, overrides: list[str] | None = None) -> float | None:
-    """Train and test (or only test, `mode=eval`) as the config says; return the objective (the best
-    validation value of `objective.metric`), so a sweeper never tunes on the test set."""
-
-    from hydralight.checkpoint import (
-        check_mode,
-        finished_result,
-        resume_path,
-        resumed_config,
-        starting_model,
-        with_evaluated_model,
-    )
-    from hydralight.console import quiet_framework, show_start, testing
-    from hydralight.data.contract import build_datamodule, shards_by_rank
-    from hydralight.distributed import build_strategy, job_scope
-    from hydralight.invariance import InvarianceCheck
-    from hydralight.loggers import build_loggers, wandb_scope
-    from hydralight.model import task_sizes
-    from hydralight.plan import Machine, apply_plan, check_plan, make_plan
-    from hydralight.progress import Throughput
-    from hydralight.run_record import RunRecord
-    from hydralight.trainer import build_callbacks, build_trainer
+def run(plan: RunPlan, machine: Machine) -> float | None:
+    """Train and test (or only test, `mode=eval`) as the plan says; return the objective (the best validation
+    value of `objective.metric`), so a sweeper never tunes on the test set."""
+    from hydralight.config.resolve import check_plan
+    from hydralight.data.contract import build_datamodule, shards_by_rank, stated_sizes
+    from hydralight.resume.policy import Resume
+    from hydralight.rundir.layout import RunDir
+    from hydralight.rundir.record import RunRecord
+    from hydralight.training import machine as this_machine
+    from hydralight.training.console import quiet_framework, show_start, testing
+    from hydralight.training.guards import FiniteLoss, ObjectiveLogged
+    from hydralight.training.invariance import InvarianceCheck, SampleKeys, make_invariant
+    from hydralight.training.loggers import build_loggers, wandb_scope
+    from hydralight.training.modules import build_module, tests, validates
+    from hydralight.training.records import Throughput, result_line, run_results
+    from hydralight.training.strategy import build_strategy, job_scope
+    from hydralight.training.trainer import build_callbacks, build_trainer
 
     quiet_framework()  # the console shows the plan, the run dir, progress and the result
+    if (earlier := plan.resume.finished) is not None:  # the same command again: nothing to do
+        print(f"already finished: {result_line(earlier, plan.paths.run_dir)}", flush=True)
+        return earlier["objective"]["value"]
 
-    # 1. Plan: hardware -> framework -> task, refused here if this machine cannot run it.
-    cfg = resumed_config(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)), overrides or [])
-    machine = Machine.detect()
-    plan = make_plan(cfg, machine)
-    if cfg.plan:
-        print(plan.table(), end="")
-        return None
+    # 1. Check the plan against this machine; build what writes nothing: data, module, the resume decision.
     check_plan(plan, machine)
-    check_mode(cfg.mode, cfg.ckpt_path)
-    cfg = with_evaluated_model(cfg)
-    output_dir = Path(cfg.paths.output_dir)
-    if (earlier := finished_result(cfg, output_dir)) is not None:  # the same command again: nothing to do
-        print(f"already finished: test/acc={earlier.get('test/acc')} (run dir: {output_dir})", flush=True)
-        return (earlier.get("objective") or {}).get("value")
-    # The planned settings its constructor takes (the data contract: hydralight.data).
-    datamodule = build_datamodule(cfg.data, plan.data_kwargs(), cfg.seed)
+    this_machine.seed(plan.seed)
+    data = build_datamodule(plan.data.spec, plan.data.offered)
     if is_rank_zero():
-        datamodule.prepare_data()  # missing or corrupt files are refused before any run file is written
-    record = RunRecord(output_dir, cfg, plan, machine, writer=is_rank_zero())
+        data.prepare_data()  # missing or corrupt files are refused before any run file is written
+    sizes = stated_sizes(data)
+    resume = Resume(plan)
+    if plan.resume.mode == "eval":
+        module, model = resume.module_to_test(sizes)
+        # The records name the module the checkpoint holds, not the model option's default.
+        plan = plan.replace(
+            model=model, config={**plan.config, "model": {**plan.config.get("model", {}), **model.spec}}
+        )
+    else:
+        module = build_module(plan.model, sizes)
+        resume.prepare(module, sizes)
+    make_invariant(module, plan.model.invariant_dropout, plan.global_batchnorm)
+    if plan.framework.precision == "64-true":
+        module.double()  # before a checkpoint's float64 weights are loaded into it, not after
+    run_dir = RunDir.at(plan.paths.run_dir)
+    record = RunRecord(
+        run_dir, plan.config, plan.to_dict(), this_machine.describe(machine), plan.paths.overrides, is_rank_zero()
+    )
 
     with job_scope(), wandb_scope(), record:  # the next job of a sweep starts clean
-        apply_plan(plan, cfg.seed)
-        # 2. Build: model, callbacks, loggers, trainer.
-        model = starting_model(cfg, **plan.model_kwargs(), **task_sizes(datamodule))
+        # 2. Build: process settings, loggers, callbacks, trainer.
+        this_machine.apply(plan.framework.env, plan.framework.matmul_precision)
+        lr = module.hparams.get("lr") if "lr" in module.hparams else None
         if is_rank_zero():
-            show_start(plan, model, output_dir)
-        loggers = build_loggers(cfg, plan, record.manifest)
-        strategy = build_strategy(plan, record.config_file)
-        # Whether 1 and N processes train alike with this model and data goes into the run's record.
-        invariance = InvarianceCheck(bool(cfg.model.get("sync_batchnorm", False)), into=record.extra)
+            show_start(plan, module, lr)
         throughput = Throughput(plan.task.global_size, into=record.extra)  # training samples/s, start-up left out
-        callbacks = [*build_callbacks(cfg, loggers), invariance, throughput]
-        trainer = build_trainer(cfg, plan, strategy, callbacks, loggers, shards_by_rank(datamodule))
+        callbacks = [
+            *build_callbacks(plan, validates(module)),
+            FiniteLoss(str(run_dir.last), lr_key="optim.lr" if lr is not None else None),
+            SampleKeys(plan.seed),
+            InvarianceCheck(plan.model.sync_batchnorm, into=record.extra),
+            throughput,
+            resume.callback(sizes, into=record.extra),
+        ]
+        if validates(module):
+            callbacks.append(ObjectiveLogged(plan.objective.metric))
+        strategy = build_strategy(plan, run_dir.plan)
+        trainer = build_trainer(plan, strategy, callbacks, build_loggers(plan, record.manifest), shards_by_rank(data))
 
-        # 3. Fit (continuing this run dir's checkpoint), then test the best checkpoint.
-        if cfg.mode == "train":
-            with record.timed("fit_seconds"):
-                trainer.fit(model, datamodule=datamodule, ckpt_path=resume_path(cfg, output_dir), weights_only=True)
-        best = getattr(trainer.checkpoint_callback, "best_model_path", None) if cfg.mode == "train" else cfg.ckpt_path
-        fit_metrics = dict(trainer.callback_metrics)
-        with testing():
-            trainer.test(model, datamodule=datamodule, ckpt_path=best or None, verbose=False, weights_only=True)
+        # 3. Fit, continuing the run's checkpoint.
+        if plan.resume.mode == "train":
+            with record.timed("fit_seconds"), _discarded_if_nothing_trained(plan, trainer):
+                trainer.fit(module, datamodule=data, ckpt_path=resume.ckpt_path, weights_only=True)
+        # 4. Test the best checkpoint (a module without validation: its last.ckpt, the final weights).
+        best = getattr(trainer.checkpoint_callback, "best_model_path", None) or None
+        if plan.resume.mode == "eval":
+            best = plan.resume.ckpt_path
+        elif best is None and run_dir.last.is_file():
+            best = str(run_dir.last)
+        metrics = dict(trainer.callback_metrics)
+        if tests(module):
+            with testing():
+                trainer.test(module, datamodule=data, ckpt_path=best, verbose=False, weights_only=True)
+            metrics.update(trainer.callback_metrics)
 
-        # 4. Report: results.json, manifest.json, one line.
-        return record.finish(trainer, {**fit_metrics, **trainer.callback_metrics}, best)
+        # 5. Record: results.json, the manifest, one line.
+        results = run_results(
+            trainer, metrics, best, plan.objective, plan.task.global_size, throughput.start_step,
+            record.extra.get("fit_seconds"),
+        )  # fmt: skip
+        record.finish(results)
+        if trainer.is_global_zero:
+            print(result_line(results, plan.paths.run_dir), flush=True)
+        return results["objective"]["value"]
+
+
+@contextlib.contextmanager
+def _discarded_if_nothing_trained(plan: RunPlan, trainer: Any) -> Iterator[None]:
+    """A single run refused before its first step (a batch its module cannot take) leaves no run dir."""
+    try:
+        yield
+    except UserError as err:
+        if plan.paths.sweep_dir is None and getattr(trainer, "global_step", 1) == 0 and not plan.resume.own:
+            err.discard_run_dir = True  # type: ignore[attr-defined]
+        raise
+
+
+def job_info() -> JobInfo:
+    """What Hydra knows of the running job."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    sweep = hc.mode == RunMode.MULTIRUN
+    return JobInfo(
+        run_dir=str(hc.runtime.output_dir),
+        sweep_dir=str(hc.sweep.dir) if sweep else None,
+        job_name=hc.job.override_dirname or None,
+        overrides=list(hc.overrides.task),
+        choices={k: v for k, v in hc.runtime.choices.items() if isinstance(v, str)},
+    )
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
 @exit_on_user_error
 def main(cfg: DictConfig) -> float | None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+    """One run, or one job of a sweep: resolve its plan (print it with `plan=true`) and run it."""
+    from hydralight.config.resolve import resolve
+    from hydralight.rundir.record import discard_unused_run_dir, record_failure
+    from hydralight.training.machine import detect
 
-    from hydralight.run_record import discard_unused_run_dir, record_failure
-
-    output_dir = Path(HydraConfig.get().runtime.output_dir)
-    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    job = job_info()
+    run_dir = Path(job.run_dir)
     # One live run per dir (a sweep job resubmitted while its first attempt runs is refused).
-    with RunDirLock(output_dir) if is_rank_zero() and not cfg.plan else contextlib.nullcontext():
+    locked = cfg.plan or not is_rank_zero() or run_dir.resolve() == _locked_before_hydra
+    with contextlib.nullcontext() if locked else RunDirLock(run_dir):
         try:
-            result = run(cfg, list(HydraConfig.get().overrides.task))
+            machine = detect()
+            plan = resolve(cfg, machine, job)
+            if cfg.plan:
+                print(plan.table(), end="")
+                discard_unused_run_dir(run_dir)
+                return None
+            return run(plan, machine)
         except UserError as err:
             # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it).
             if is_rank_zero():
-                discard_unused_run_dir(output_dir)
-            if not in_sweep:
+                if getattr(err, "discard_run_dir", False):
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                discard_unused_run_dir(run_dir)
+            if job.sweep_dir is None:
                 raise
             # In a sweep the other jobs go on; the job's manifest says why it failed, the sweep's summary counts it.
-            print(f"error: job {HydraConfig.get().job.num} ({output_dir}): {err}", file=sys.stderr, flush=True)
+            from hydra.core.hydra_config import HydraConfig
+
+            print(f"error: job {HydraConfig.get().job.num} ({run_dir}): {err}", file=sys.stderr, flush=True)
             if is_rank_zero():
-                record_failure(output_dir, str(err))
+                from hydralight.rundir.layout import RunDir
+
+                record_failure(RunDir(run_dir), str(err), job.overrides)
             return None
-        if cfg.plan:
-            discard_unused_run_dir(output_dir)
-        return result
 
 
 def cli() -> None:
-    """`python train.py`: settle the run dir (shared by the ranks of a torchrun/srun launch, the earlier
-    run's with resume=RUN_DIR, writable in any case), then let Hydra run."""
-    with_shared_run_dir()
-    sys.argv[1:1] = resume_overrides(sys.argv[1:])
-    exit_on_user_error(_start)(sys.argv[1:])
+    """`python train.py`: read the command line once, compose and check every job's config, lock a named
+    run dir, then let Hydra run."""
+    exit_on_user_error(_start)(Invocation(tuple(sys.argv[1:])))
 
 
-def _start(argv: list[str]) -> None:
+def _start(invocation: Invocation) -> None:
+    global _locked_before_hydra
     # Every job's config is composed and type-checked first: a wrong value is one line, before any run dir.
-    configs = compose_jobs(CONFIG_DIR, "train", argv)
-    if any(flag in argv for flag in ("--cfg", "-c")):
-        from hydralight.plan import Machine, make_plan
+    configs = compose_jobs(CONFIG_DIR, "train", invocation)
+    if invocation.print_only:
+        from hydralight.config.resolve import resources
 
         for cfg in configs:
-            make_plan(cfg, Machine())  # the arithmetic too; the machine is checked only by a run
-    check_run_dir_writable(argv)
+            resources(cfg, Machine())  # the arithmetic too; the machine is checked only by a run
+    invocation.check_writable()
+    sys.argv[1:] = invocation.hydra_argv()
     # A named run dir is locked before Hydra writes its record there, so a live run is left untouched.
-    run_dir = fixed_run_dir(argv)
-    with RunDirLock(run_dir) if run_dir and is_rank_zero() else contextlib.nullcontext():
+    named = invocation.fixed_run_dir()
+    if named is None or not is_rank_zero():
+        main()
+        return
+    with RunDirLock(named) as lock:
+        _locked_before_hydra = lock.run_dir
         main()
 
 

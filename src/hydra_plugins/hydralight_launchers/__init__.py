@@ -1,10 +1,10 @@
 """Hydra finds launchers only under `hydra_plugins`: the classes are declared here, their logic lives in
-`hydralight.slurm`. Kept light: Hydra imports this module on every start."""
+`hydralight.launch.launchers`. Kept light: Hydra imports this module on every start."""
 
 from hydra.core.config_store import ConfigStore
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
 
-from hydralight.slurm import HydralightLocalConf, HydralightSlurmConf, PlannedLauncherMixin
+from hydralight.launch.launchers import HydralightLocalConf, HydralightSlurmConf, PlannedLauncherMixin
 
 
 class PlannedSlurmLauncher(PlannedLauncherMixin, SlurmLauncher):

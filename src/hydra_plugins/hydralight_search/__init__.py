@@ -1,10 +1,10 @@
 """Hydra finds sweepers only under `hydra_plugins`: the class is declared here, its logic lives in
-`hydralight.search`. Kept light: Hydra imports this module on every start (Optuna is imported by a search only)."""
+`hydralight.launch.search`. Kept light: Hydra imports this module on every start (Optuna is imported by a search only)."""
 
 from hydra.core.config_store import ConfigStore
 
-from hydralight.search import OptunaSearch as _Search
-from hydralight.search import OptunaSearchConf
+from hydralight.launch.search import OptunaSearch as _Search
+from hydralight.launch.search import OptunaSearchConf
 
 
 class OptunaSearch(_Search):

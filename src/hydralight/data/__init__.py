@@ -3,10 +3,14 @@
 A data module (a `LightningDataModule` named by `data._target_`) provides, on any rank and before
 `setup()` (from constants, file headers or folder listings: cheap, never a full decode):
 
-- `num_classes: int` and `input_shape: tuple[int, int, int]` (C, H, W as the network receives it):
-  the network is built from them;
-- train, val and test loaders; batches are `(x, y)` or `(x, y, ids)`, the ids keying per-sample
-  randomness (dropout, augmentation) when the class says `sample_ids = True`;
+- the sizes the module is built with, when it knows them: `num_classes: int` and `input_shape:
+  tuple[int, int, int]` (C, H, W as the network receives it), and any other name it lists in `sizes`
+  (a language model's `vocab_size`); a module (or the built-in classifier's network) gets each one its
+  constructor names;
+- train, val and test loaders; batches of any structure the module takes (the built-in classifier:
+  `(x, y)` or `(x, y, ids)`); when the class says `sample_ids = True`, the last element of a tuple batch
+  (or the `ids` entry of a dict batch) holds the sample ids that key per-sample randomness (dropout,
+  augmentation);
 - `shards_by_rank: bool`: True when its loaders give each rank its own share of every batch
   themselves (the project's GlobalBatchSampler/ShardSampler: the same batches on any number of
   processes, exact mid-epoch resume); Lightning's DistributedSampler then stays off. False (or
@@ -22,7 +26,7 @@ The built-in modules (`ImageDataModule` and its subclasses) also state their nor
 from the training one with a seeded permutation (`val_size`).
 """
 
-from hydralight.data.contract import build_datamodule, datamodule_kwargs, shards_by_rank
+from hydralight.data.contract import build_datamodule, datamodule_kwargs, shards_by_rank, stated_sizes
 from hydralight.data.imagefolder import ImageFolderDataModule
 from hydralight.data.images import ImageDataModule, TensorImages
 from hydralight.data.mnist import MEAN, STD, FashionMNISTDataModule, MNISTDataModule, load_split
@@ -39,4 +43,5 @@ __all__ = [
     "datamodule_kwargs",
     "load_split",
     "shards_by_rank",
+    "stated_sizes",
 ]

@@ -11,9 +11,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from hydralight.data.loaders import ResumableLoader, TensorImages, WithIds, whole_batch
+from hydralight.data.sampling import GlobalBatchSampler, ShardSampler
 from hydralight.errors import UserError
-from hydralight.invariance import keyed_shift, sample_keys
-from hydralight.sampling import GlobalBatchSampler, ShardSampler
+from hydralight.keyed import keyed_shift, sample_keys
+from hydralight.lightning_internals import micro_batches_done
 
 
 class ImageDataModule(pl.LightningDataModule):
@@ -168,7 +169,7 @@ class ImageDataModule(pl.LightningDataModule):
         )
 
     def _trained_micro_batches(self) -> int:
-        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return micro_batches_done(self.trainer)
 
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()

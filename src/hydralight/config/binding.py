@@ -1,0 +1,120 @@
+"""How a `_target_` gets what the run plan offers: by the names its constructor takes.
+
+A module, a network, a data module or a callback names the plan's values it wants in its `__init__`
+(`lr`, `num_classes`, `batch_size`, `run_dir`, ...) and gets exactly those; its own arguments come from
+its config. An argument of the config that the constructor does not take is refused in one line, as is a
+value the user set for the plan that the constructor does not take (it would be silently ignored).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from hydralight.errors import UserError
+
+# Base classes whose `__init__(*args, **kwargs)` takes no argument of a subclass's config: a subclass that
+# passes **kwargs on to them takes no more than it names.
+GENERIC_BASES = {
+    "builtins.object",
+    "torch.nn.modules.module.Module",
+    "pytorch_lightning.core.module.LightningModule",
+    "pytorch_lightning.core.datamodule.LightningDataModule",
+    "lightning.pytorch.core.module.LightningModule",
+    "lightning.pytorch.core.datamodule.LightningDataModule",
+}
+
+
+def import_target(path: str, key: str) -> Any:
+    """The object `path` names (a class or function), or one line saying why it cannot be imported."""
+    from hydra.utils import get_object
+
+    try:
+        return get_object(str(path))
+    except Exception as err:  # ImportError, AttributeError, or whatever the module raises on import
+        cause = err.__cause__ or err
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise UserError(
+            f"{key}={path} cannot be imported ({type(cause).__name__}: {reason[:200]}); check the module path, "
+            "and that its package is installed or on PYTHONPATH"
+        ) from None
+
+
+def accepted_arguments(target: Any) -> tuple[set[str], bool]:
+    """The argument names `target(...)` takes by keyword, and whether it takes any other (**kwargs that do
+    not end in a framework base class): for a class, through `**kwargs` passed on to its bases."""
+    if not inspect.isclass(target):
+        try:
+            params = inspect.signature(target).parameters.values()
+        except (TypeError, ValueError):  # builtins without a signature
+            return set(), True
+        names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        return names, any(p.kind is p.VAR_KEYWORD for p in params)
+    names: set[str] = set()
+    for klass in target.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        if f"{klass.__module__}.{klass.__qualname__}" in GENERIC_BASES:
+            return names, False
+        params = list(inspect.signature(klass.__init__).parameters.values())
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return names, False
+    return names, True
+
+
+def bind(
+    target: Any,
+    spec: Mapping[str, Any],
+    offered: Mapping[str, Any],
+    key: str,
+    explicit: Mapping[str, str] | None = None,
+    through_kwargs: tuple[str, ...] = (),
+    origin: str | None = None,
+) -> dict[str, Any]:
+    """The offered values `target` takes (those its config sets itself are left to it).
+
+    `key`: where the spec sits in the config (`model`, `model.net`, `data`), for messages. `explicit`: offered
+    values the user set (value name -> the override that set it), refused when not taken. `through_kwargs`: offered values
+    passed to a target that takes **kwargs without naming them (torchvision's model builders pass
+    `num_classes` on). `origin`: how the spec came to be, named when one of its arguments is refused (a
+    `_target_` replaced on the command line keeps the arguments of the one it replaced).
+    """
+    names, open_ = accepted_arguments(target)
+    name = getattr(target, "__qualname__", str(target))
+    if not open_:
+        for arg in spec:
+            if not arg.startswith("_") and arg not in names:
+                came = f"; it came from {origin}" if origin else ""
+                raise UserError(
+                    f"{key}.{arg} is not an argument of {name} (it takes {', '.join(sorted(names)) or 'none'}){came}; "
+                    f"drop it with ~{key}.{arg}, or fix its name"
+                )
+    given = {k: v for k, v in offered.items() if k not in spec and (k in names or (open_ and k in through_kwargs))}
+    for value_name, override in (explicit or {}).items():
+        if value_name in spec:
+            raise UserError(
+                f"{override} is given, but {key}.{value_name} in its own config decides its {value_name}; "
+                f"set {key}.{value_name} instead"
+            )
+        if value_name not in given:
+            raise UserError(
+                f"{override} is given, but {name} takes no {value_name} argument, so it would be ignored; "
+                f"drop {override} (the module decides its {value_name} itself)"
+            )
+    return given
+
+
+def instantiate(spec: Mapping[str, Any], **given: Any) -> Any:
+    """Hydra's `instantiate` of `spec` with the `given` values, containers converted to plain ones; a UserError
+    its target raises stays one line (Hydra would wrap it in an error of its own)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate as hydra_instantiate
+
+    try:
+        return hydra_instantiate(dict(spec), **given, _convert_="all")
+    except InstantiationException as err:
+        if isinstance(err.__cause__, UserError):
+            raise err.__cause__ from None
+        raise

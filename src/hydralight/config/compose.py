@@ -1,0 +1,172 @@
+"""From the command line to composed configs: what the invocation asks for (one run, a sweep, a print), read
+once, and the config of every job of it composed and type-checked before anything runs or is written."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from hydralight.config.schema import planned_trainer_key
+from hydralight.errors import UserError
+from hydralight.rundir.launch import check_writable, shared_run_overrides
+
+# Command-line flags of Hydra that take a value, those that change which config is composed, those that
+# only print something (no run dir is made), and those that print about Hydra itself.
+_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--experimental-rerun")
+_OTHER_CONFIG = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+PRINT_ONLY = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
+_HYDRA_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")
+# The config group of hyperparameter search presets; they only make sense with -m.
+SEARCH_GROUP = "hparams_search"
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """The command line of `python train.py`, read once: its overrides and what it asks Hydra to do."""
+
+    argv: tuple[str, ...]
+
+    @property
+    def multirun(self) -> bool:
+        return "-m" in self.argv or "--multirun" in self.argv or "hydra.mode=MULTIRUN" in self.argv
+
+    @property
+    def print_only(self) -> bool:
+        """Hydra prints something (the config, help) and runs nothing."""
+        return any(flag in self.argv for flag in PRINT_ONLY)
+
+    @property
+    def other_config(self) -> bool:
+        """Another config tree, or nothing composed: Hydra checks and prints it itself."""
+        return any(arg.split("=", 1)[0] in _OTHER_CONFIG + _HYDRA_ONLY for arg in self.argv)
+
+    @property
+    def overrides(self) -> list[str]:
+        """The config overrides, without Hydra's flags and Hydra's own keys."""
+        found, skip = [], False
+        for arg in self.argv:
+            if skip or arg in _FLAGS_WITH_VALUE:
+                skip = not skip
+            elif not arg.startswith("-") and not arg.lstrip("+~").startswith("hydra"):
+                found.append(arg)
+        return found
+
+    def value(self, key: str) -> str | None:
+        """The value the command line gives `key` (the last one wins), without Hydra's quotes."""
+        for arg in reversed(self.argv):
+            if arg.lstrip("+").startswith(f"{key}="):
+                value = arg.split("=", 1)[1]
+                if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                    value = value[1:-1]
+                return value
+        return None
+
+    @property
+    def plan_only(self) -> bool:
+        return self.value("plan") in ("true", "True")
+
+    @property
+    def resumed_dir(self) -> str | None:
+        """`resume=RUN_DIR`: the earlier run this one continues, in its own dir."""
+        target = self.value("resume")
+        return None if target in (None, "auto", "never") else target
+
+    def hydra_argv(self) -> list[str]:
+        """The command line Hydra runs: every rank of an external launch shares one run dir, and
+        `resume=RUN_DIR` runs in RUN_DIR (Hydra's record of the original command stays)."""
+        extra: list[str] = []
+        run_dir_given = self.value("hydra.run.dir") is not None
+        if not self.multirun:
+            extra += shared_run_overrides(run_dir_given)
+            if self.resumed_dir is not None and not run_dir_given:
+                extra += [f"hydra.run.dir={self.resumed_dir}", "hydra.output_subdir=null"]
+        # Before any flag: Hydra's parser takes overrides only ahead of `--cfg job` and the like.
+        return [*extra, *self.argv]
+
+    def fixed_run_dir(self) -> str | None:
+        """The run dir a single run will write, when the command line names it (a rerun, a requeue,
+        `resume=RUN_DIR`): locked before Hydra writes its record there."""
+        if self.multirun or self.print_only or self.plan_only:
+            return None
+        return Invocation(tuple(self.hydra_argv())).value("hydra.run.dir")
+
+    def check_writable(self) -> None:
+        """Refuse a run or sweep dir that cannot be written, before Hydra starts."""
+        if self.print_only:
+            return
+        key = "hydra.sweep.dir" if self.multirun else "hydra.run.dir"
+        default = "multirun" if self.multirun else "outputs"
+        check_writable(Invocation(tuple(self.hydra_argv())).value(key) or default)
+
+
+def compose_jobs(config_dir: str, config_name: str, invocation: Invocation) -> list[DictConfig]:
+    """Compose the config of the run, or of every job of a `-m` sweep, as Hydra will; a wrong type or
+    choice is a UserError naming the key, the value and what is allowed."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hydralight.config.schema import explain
+
+    if invocation.other_config:
+        return []
+    overrides = invocation.overrides
+    jobs = [overrides]
+    searched = [a for a in overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
+    if searched and not invocation.multirun and not invocation.print_only:
+        raise UserError(f"{searched[0]} runs many trials: add -m (python train.py -m {searched[0]} ...)")
+    if invocation.multirun:
+        try:
+            parsed = OverridesParser.create().parse_overrides(overrides)
+        except Exception as err:
+            raise UserError(f"cannot read the sweep: {explain(err, overrides)}") from None
+        basic = not any(
+            a.startswith(("hydra/sweeper=", f"{SEARCH_GROUP}=")) and a != "hydra/sweeper=basic" for a in invocation.argv
+        )
+        try:
+            if not basic:
+                raise ValueError("another sweeper draws its own values")
+            jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        except Exception:  # glob() over groups, another sweeper: check the config the sweep starts from
+            jobs = [[o.input_line for o in parsed if not o.is_sweep_override()]]
+    configs = []
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        for number, job in enumerate(jobs):
+            prefix = f"sweep job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
+            try:
+                cfg = compose(config_name=config_name, overrides=job)
+            except Exception as err:
+                raise UserError(prefix + explain(err, job)) from None
+            if unknown := _added_to_a_schema(cfg):
+                raise UserError(
+                    prefix
+                    + (
+                        planned_trainer_key(unknown)
+                        or f"{unknown} is not a config key; check the spelling (`--cfg job` prints the config)"
+                    )
+                )
+            configs.append(cfg)
+    return configs
+
+
+def _added_to_a_schema(cfg: DictConfig) -> str | None:
+    """A key that `+key=value` added inside a typed group (Hydra lets it through): the first one found. New
+    top-level keys stay allowed: a namespace of your own harms nothing."""
+
+    def walk(node: Any, path: str) -> str | None:
+        if not isinstance(node, DictConfig):
+            return None
+        kind = OmegaConf.get_type(node)
+        names = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
+        for key in node:
+            where = f"{path}{key}"
+            if names is not None and path and key not in names:
+                return where
+            if names is not None and (found := walk(node._get_node(key), f"{where}.")):
+                return found
+        return None
+
+    return walk(cfg, "")

@@ -1,0 +1,239 @@
+"""The run plan: every decision of a run, resolved once from the composed config and the machine before
+anything is written, and read by every builder through its own slice.
+
+- hardware, framework, task: the resources (devices, nodes, CPUs, memory; strategy, backend, precision;
+  global and per-device batch, accumulation, learning rate, loader workers), each layer depending on the
+  one before: the world size fixes the per-device batch, the accelerator the backend and precisions;
+- model, data: the module and the data module to build, and the plan's values their constructors get
+  by the names they take;
+- trainer, callbacks, loggers: what Lightning is given;
+- paths, resume, objective: where the run writes, what it continues from, what it is judged by.
+
+Plain data (frozen dataclasses of dicts, lists and numbers): the plan is saved in the run dir and the
+extra ranks of a job run exactly that plan.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import timedelta
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a machine offers; read off this machine by the training layer, injected in tests to plan for
+    machines we do not have."""
+
+    gpus: int = 0
+    gpu_name: str | None = None
+    bf16: bool = False
+    tf32: bool = False
+    cpu_cores: int = 1
+    memory_gb: float = 0.0
+
+
+@dataclass(frozen=True)
+class HardwarePlan:
+    accelerator: str  # cpu | gpu
+    devices: int  # processes (devices) per node
+    num_nodes: int
+    world_size: int
+    cpus_per_task: int
+    mem_gb: float  # host memory per node
+    gpus_per_node: int
+
+    def slurm_resources(self, one_task: bool = False) -> dict[str, Any]:
+        """The launcher's resource request of one job (sbatch --nodes, --ntasks-per-node, --gpus-per-node,
+        --cpus-per-task, --mem). `one_task`: a single process that starts the other ranks itself."""
+        tasks = 1 if one_task else self.devices
+        return {
+            "nodes": self.num_nodes,
+            "tasks_per_node": tasks,
+            "gpus_per_node": self.gpus_per_node or None,
+            "cpus_per_task": self.cpus_per_task * self.devices // tasks,
+            "mem_gb": math.ceil(self.mem_gb) or None,
+        }
+
+    def dstack_resources(self, shm_size_gb: int) -> dict[str, Any]:
+        """dstack's `resources:` of one node: at least what the plan asks for."""
+        return {
+            "gpu": self.gpus_per_node,
+            "cpu": f"{self.cpus_per_task * self.devices}..",
+            "memory": f"{math.ceil(self.mem_gb)}GB..",
+            "shm_size": f"{shm_size_gb}GB",
+        }
+
+
+@dataclass(frozen=True)
+class FrameworkPlan:
+    strategy: str  # auto (single process) | ddp | ddp_spawn
+    backend: str | None  # process-group backend; None for a single process
+    precision: str
+    matmul_precision: str | None  # torch.set_float32_matmul_precision, on GPUs with TF32
+    sync_batchnorm: bool = False  # BatchNorm statistics over all ranks
+    find_unused_parameters: bool = False
+    timeout_s: int = 1800  # collective operations give up after this long
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    global_size: int
+    per_device_size: int
+    accumulation: int
+    eval_size: int
+    base_lr: float
+    lr_scaling: str
+    lr: float
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    drop_last: bool
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """The LightningModule to train (the built-in classifier is one): `spec` is its `_target_` and its own
+    arguments; `offered` the plan's values its constructor gets when it names them."""
+
+    spec: dict[str, Any]
+    offered: dict[str, Any]
+    # Offered values the user set himself (their config keys): refused when the constructor does not take them.
+    explicit: dict[str, str] = field(default_factory=dict)
+    invariant_dropout: bool = True
+    sync_batchnorm: bool = False  # as configured (the framework's applies it when there are several processes)
+    # For messages: the model option chosen (model=cnn), and a `_target_` the command line replaced in it.
+    option: str | None = None
+    replaced: str | None = None
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """The LightningDataModule: its `_target_` and own arguments, and the planned loader settings its
+    constructor gets when it names them."""
+
+    spec: dict[str, Any]
+    offered: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PathsPlan:
+    run_dir: str
+    sweep_dir: str | None = None  # the sweep this run is a job of
+    job_name: str | None = None  # the job's overrides in one word (Hydra's override_dirname)
+    overrides: list[str] = field(default_factory=list)  # the command line's, as given
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What the run starts from, decided from the run dir's files before anything is written."""
+
+    mode: str  # train | eval
+    policy: str  # auto | never
+    continue_from: str | None = None  # the checkpoint `fit` continues from
+    own: bool = False  # continue_from is this run's own last.ckpt
+    ckpt_path: str | None = None  # as given: the checkpoint a train run starts from, or the one eval tests
+    init_from: str | None = None  # weights only
+    finished: dict[str, Any] | None = None  # results of this very run, already finished: nothing to do
+
+
+@dataclass(frozen=True)
+class ObjectivePlan:
+    metric: str
+    direction: str  # max | min
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    seed: int
+    hardware: HardwarePlan
+    framework: FrameworkPlan
+    task: TaskPlan
+    model: ModelPlan
+    data: DataPlan
+    trainer: dict[str, Any]  # Lightning Trainer arguments, the planned ones included
+    callbacks: dict[str, dict[str, Any]]
+    loggers: dict[str, dict[str, Any]]
+    paths: PathsPlan
+    resume: ResumePlan
+    objective: ObjectivePlan
+    config: dict[str, Any]  # the composed config it was resolved from (config.yaml)
+
+    # -- the resources' consumers ----------------------------------------------------------------
+
+    def trainer_kwargs(self, shards_by_rank: bool = True) -> dict[str, Any]:
+        """Every Trainer argument but the strategy, plugins, callbacks and loggers; `shards_by_rank`: the data
+        module's loaders take each rank's share themselves (hydralight.data.contract.shards_by_rank)."""
+        # Our samplers shard by rank themselves; Lightning's DistributedSampler would re-shuffle and pad.
+        # A data module without them needs it, or every rank would train on every sample.
+        return {**self.trainer, "use_distributed_sampler": not shards_by_rank}
+
+    def strategy_kwargs(self) -> dict[str, Any] | None:
+        """The DDP strategy's arguments; None for a single process."""
+        fw = self.framework
+        if fw.strategy == "auto":
+            return None
+        return {
+            "process_group_backend": fw.backend,
+            "find_unused_parameters": fw.find_unused_parameters,
+            "timeout": timedelta(seconds=fw.timeout_s),
+        }
+
+    @property
+    def global_batchnorm(self) -> bool:
+        """BatchNorm over every rank's micro-batch by the project's own layer: torch's SyncBatchNorm runs on GPUs only."""
+        return self.framework.sync_batchnorm and self.hardware.accelerator == "cpu"
+
+    def replace(self, **changes: Any) -> RunPlan:
+        """A copy with some slices replaced (the plan itself never changes)."""
+        return replace(self, **changes)
+
+    # -- records and display --------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunPlan:
+        """The plan a run saved (the extra ranks of a job read it)."""
+        kinds = {
+            "hardware": HardwarePlan, "framework": FrameworkPlan, "task": TaskPlan, "model": ModelPlan,
+            "data": DataPlan, "paths": PathsPlan, "resume": ResumePlan, "objective": ObjectivePlan,
+        }  # fmt: skip
+        return cls(**{f.name: kinds[f.name](**data[f.name]) if f.name in kinds else data[f.name] for f in fields(cls)})
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(layer, setting, value) rows for display: the three resource layers, then what the run builds."""
+        rows = [
+            (layer, key, "-" if value is None or value == {} else str(value))
+            for layer, part in (("hardware", self.hardware), ("framework", self.framework), ("task", self.task))
+            for key, value in asdict(part).items()
+        ]
+        resume = self.resume.continue_from or self.resume.init_from or "-"
+        rows += [
+            ("run", "model", str(self.model.spec.get("_target_"))),
+            ("run", "data", str(self.data.spec.get("_target_"))),
+            ("run", "objective", f"{self.objective.direction} {self.objective.metric}"),
+            ("run", "mode", self.resume.mode),
+            ("run", "starts from", resume),
+            ("run", "run dir", self.paths.run_dir),
+        ]
+        return rows
+
+    def table(self) -> str:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="Run plan")
+        for col in ("layer", "setting", "value"):
+            table.add_column(col)
+        previous = None
+        for layer, key, value in self.rows():
+            table.add_row(layer if layer != previous else "", key, value)
+            previous = layer
+        console = Console(width=110, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        console.print(table)
+        return console.export_text()

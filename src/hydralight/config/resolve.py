@@ -1,0 +1,500 @@
+"""Resolving a composed config into the run plan (hydralight.config.plan), once, before anything is written.
+
+The resources in three layers, each depending on the one before (hardware -> framework -> task), then
+what the run builds (model, data, trainer, callbacks, loggers) and what it starts from (the resume
+decision). Checks that need arithmetic (a batch that does not divide) are made here; checks that need the
+machine (GPUs that are not there) by `check_plan`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from hydralight.config.legacy import upgraded
+from hydralight.config.plan import (
+    DataPlan,
+    FrameworkPlan,
+    HardwarePlan,
+    Machine,
+    ModelPlan,
+    ObjectivePlan,
+    PathsPlan,
+    ResumePlan,
+    RunPlan,
+    TaskPlan,
+)
+from hydralight.config.schema import LR_SCALING, PLANNED, PRECISIONS, STRATEGIES, set_by_plan
+from hydralight.errors import UserError
+from hydralight.rundir.launch import external_launcher
+from hydralight.rundir.layout import RunDir
+from hydralight.rundir.record import read_json
+
+CLASSIFIER = "hydralight.tasks.classifier.Classifier"
+# The project's options of any module, applied by the core (hydralight.keyed), never passed to a constructor.
+MODULE_OPTIONS = ("invariant_dropout", "sync_batchnorm")
+# Values the plan decides for a module, and where a user sets them instead of in `model.*`. (An optimizer or
+# schedule in a module's own config is its own: `optim.optimizer` and `optim.scheduler` are the classifier's.)
+MODEL_OWNED = {"lr": "optim.lr", "seed": "seed"}
+# check_val_every_n_epoch=null: validate every `val_check_interval` steps, counted across epochs.
+NULL_IS_A_SETTING = ("check_val_every_n_epoch",)
+# Settings a continued run may change: how long it trains.
+EXTENDABLE = ("trainer.max_epochs", "trainer.max_steps")
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What Hydra knows of the running job: where it writes and what the command line chose."""
+
+    run_dir: str
+    sweep_dir: str | None = None
+    job_name: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    choices: dict[str, Any] = field(default_factory=dict)
+
+
+def as_container(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
+    """The config as plain containers: interpolations resolved, choices as plain strings."""
+    if isinstance(cfg, dict):
+        return cfg
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+def resolve(cfg: DictConfig | dict[str, Any], machine: Machine, job: JobInfo) -> RunPlan:
+    """The run plan of a composed config on `machine`; `auto` values are read off the machine."""
+    config = as_container(cfg)
+    config, run_dir = resumed_config(config, job)
+    c = OmegaConf.create(config)
+    _check_top_level(c)
+    hw, fw, task = resources(c, machine)
+    paths = PathsPlan(run_dir=run_dir, sweep_dir=job.sweep_dir, job_name=job.job_name, overrides=list(job.overrides))
+    return RunPlan(
+        seed=int(c.seed),
+        hardware=hw,
+        framework=fw,
+        task=task,
+        model=_model(c, task, job),
+        data=_data(c, task),
+        trainer=_trainer(c, hw, fw, task, run_dir),
+        callbacks=_specs(c.get("callbacks")),
+        loggers=_specs(c.get("logger")),
+        paths=paths,
+        resume=_resume(c, config, run_dir),
+        objective=ObjectivePlan(str(c.objective.metric), str(c.objective.direction)),
+        config=config,
+    )
+
+
+def _check_top_level(c: DictConfig) -> None:
+    metric = str(c.objective.metric)
+    if metric.startswith("test/"):
+        raise UserError(
+            f"objective.metric={metric} is a test metric; tune on validation, e.g. objective.metric=val/acc"
+        )
+    seed = c.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise UserError(f"seed={seed} must be an integer from 0 to 2**32-1; use e.g. seed=42")
+    if c.mode not in ("train", "eval"):
+        raise UserError(f"mode={c.mode} is not a mode; use mode=train or mode=eval")
+    if c.mode == "eval" and not c.ckpt_path:
+        raise UserError("mode=eval needs the checkpoint to test: add ckpt_path=PATH/TO/file.ckpt")
+
+
+# -- resources: hardware -> framework -> task ---------------------------------------------------------
+
+
+def resources(c: DictConfig, machine: Machine) -> tuple[HardwarePlan, FrameworkPlan, TaskPlan]:
+    """The three resource layers of a config (what launchers size a job by)."""
+    hw = _hardware(c.hardware, machine)
+    fw = _framework(c, hw, machine)
+    return hw, fw, _task(c, hw)
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UserError(f"{name}={value} must be a positive integer")
+    return value
+
+
+def _hardware(hw: DictConfig, machine: Machine) -> HardwarePlan:
+    accelerator = hw.accelerator
+    if accelerator == "auto":
+        accelerator = "gpu" if machine.gpus > 0 else "cpu"
+    if accelerator == "cuda":
+        accelerator = "gpu"
+    if accelerator not in ("cpu", "gpu"):
+        raise UserError(f"hardware.accelerator={hw.accelerator} is not supported; use cpu, gpu or auto")
+    devices = hw.devices
+    if devices in ("auto", -1):
+        devices = machine.gpus if accelerator == "gpu" else 1
+    devices = _positive_int(devices, "hardware.devices")
+    num_nodes = _positive_int(hw.num_nodes, "hardware.num_nodes")
+    cpus = hw.get("cpus_per_task", "auto")
+    if cpus == "auto":
+        # Inside a SLURM job the allocation says; elsewhere share this machine's cores.
+        cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or max(1, machine.cpu_cores // devices)
+    cpus = _positive_int(cpus, "hardware.cpus_per_task")
+    memory = hw.get("mem_gb", "auto")
+    if memory == "auto":
+        memory = machine.memory_gb
+    elif isinstance(memory, bool) or not isinstance(memory, int | float) or not memory > 0 or math.isinf(memory):
+        raise UserError(f"hardware.mem_gb={memory} must be auto or a positive number of GB")
+    return HardwarePlan(
+        accelerator=accelerator,
+        devices=devices,
+        num_nodes=num_nodes,
+        world_size=devices * num_nodes,
+        cpus_per_task=cpus,
+        mem_gb=float(memory),
+        gpus_per_node=devices if accelerator == "gpu" else 0,
+    )
+
+
+def _framework(c: DictConfig, hw: HardwarePlan, machine: Machine) -> FrameworkPlan:
+    strategy = c.strategy.name
+    if strategy not in STRATEGIES:
+        raise UserError(f"strategy={strategy} is not supported; use one of {', '.join(STRATEGIES)}")
+    if strategy == "auto":
+        # DDP for any multi-process run, on CPU too: it is what torchrun and srun start, and gloo runs it.
+        strategy = "ddp" if hw.world_size > 1 else "auto"
+    precision = str(c.trainer.precision)
+    if precision not in PRECISIONS:
+        raise UserError(f"precision={precision} is not a Lightning precision; use one of {', '.join(PRECISIONS)}")
+    gpu = hw.accelerator == "gpu"
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if gpu else {}
+    if os.environ.get("NCCL_DEBUG") and gpu:
+        env["NCCL_DEBUG"] = os.environ["NCCL_DEBUG"]
+    return FrameworkPlan(
+        strategy=strategy,
+        backend=None if hw.world_size == 1 else ("nccl" if gpu else "gloo"),
+        precision=precision,
+        # TF32 matmuls keep fp32 range at a fraction of the cost; Ampere and newer have them. Planning
+        # from a machine without GPUs assumes a current GPU.
+        matmul_precision="high" if gpu and (machine.tf32 or machine.gpus == 0) else None,
+        sync_batchnorm=bool((c.get("model") or {}).get("sync_batchnorm", False)) and hw.world_size > 1,
+        find_unused_parameters=bool(c.strategy.get("find_unused_parameters", False)),
+        timeout_s=_positive_int(c.strategy.get("timeout_s", 1800), "strategy.timeout_s"),
+        env=env,
+    )
+
+
+def _accumulation(batch: DictConfig, global_size: int, world: int) -> int:
+    requested = batch.get("accumulation", "auto")
+    cap = batch.get("max_per_device")
+    if requested != "auto":
+        return _positive_int(requested, "batch.accumulation")
+    if cap is None:
+        return 1
+    cap = _positive_int(cap, "batch.max_per_device")
+    # Smallest accumulation that splits the global batch evenly with no device above the cap.
+    for accumulation in range(max(1, math.ceil(global_size / (world * cap))), global_size // world + 1):
+        if global_size % (world * accumulation) == 0 and global_size // (world * accumulation) <= cap:
+            return accumulation
+    raise UserError(
+        f"batch.global_size={global_size} cannot be split over {world} processes with at most "
+        f"batch.max_per_device={cap} each; use a global size that is a multiple of {world}"
+    )
+
+
+def _task(c: DictConfig, hw: HardwarePlan) -> TaskPlan:
+    batch, optim = c.batch, c.optim
+    global_size = _positive_int(batch.global_size, "batch.global_size")
+    world = hw.world_size
+    if global_size < world:
+        raise UserError(
+            f"batch.global_size={global_size} is smaller than the {world} processes of this hardware; "
+            f"use batch.global_size>={world}"
+        )
+    accumulation = _accumulation(batch, global_size, world)
+    if global_size % (world * accumulation):
+        raise UserError(
+            f"batch.global_size={global_size} is not divisible by world size {world} x accumulation "
+            f"{accumulation}; use a multiple of {world * accumulation}"
+        )
+    eval_size = _positive_int(batch.get("eval_size", 1000), "batch.eval_size")
+    try:
+        base_lr = float(optim.lr)
+    except (TypeError, ValueError):
+        raise UserError(f"optim.lr={optim.lr} is not a number; use e.g. optim.lr=1e-3") from None
+    if not base_lr > 0 or math.isinf(base_lr):
+        raise UserError(f"optim.lr={optim.lr} must be a positive number")
+    scaling = optim.get("lr_scaling", "none")
+    if scaling not in LR_SCALING:
+        raise UserError(f"optim.lr_scaling={scaling} is not a rule; use none, linear or sqrt")
+    reference = _positive_int(batch.get("reference_size") or global_size, "batch.reference_size")
+    ratio = global_size / reference
+    lr = base_lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[scaling]
+    # Only the tensor loader needs no workers; a data module without a `loader` setting gets them.
+    tensor_loader = (c.get("data") or {}).get("loader") == "tensor"
+    workers = batch.get("num_workers", "auto")
+    if workers == "auto":
+        # The tensor loader needs none; otherwise leave one core of the process for the training loop.
+        workers = 0 if tensor_loader else min(8, hw.cpus_per_task - 1)
+    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise UserError(f"batch.num_workers={workers} must be auto or an integer >= 0")
+    pin = batch.get("pin_memory", "auto")
+    # Pinning helps host-to-GPU copies only; the tensor loader's data already lives on the device.
+    pin = hw.accelerator == "gpu" and not tensor_loader and (pin is True or pin == "auto")
+    return TaskPlan(
+        global_size=global_size,
+        per_device_size=global_size // (world * accumulation),
+        accumulation=accumulation,
+        eval_size=eval_size,
+        base_lr=base_lr,
+        lr_scaling=scaling,
+        lr=lr,
+        num_workers=workers,
+        pin_memory=pin,
+        persistent_workers=workers > 0,
+        drop_last=bool(batch.get("drop_last", True)),
+    )
+
+
+# -- what the run builds ------------------------------------------------------------------------------
+
+
+def _overridden(job: JobInfo, *keys: str, groups: tuple[str, ...] = ()) -> str | None:
+    """The first command-line override that sets one of `keys` (or a key below one) or picks an option of one
+    of `groups`, as given."""
+    for item in job.overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if key in groups or any(key == k or key.startswith(f"{k}.") for k in keys):
+            return item
+    return None
+
+
+def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
+    spec = upgraded(OmegaConf.to_container(c.get("model") or OmegaConf.create({})))
+    if "_target_" not in spec:
+        if "net" not in spec:
+            raise UserError(
+                "the model has no _target_: pick a model option (model=cnn, ...), or name your LightningModule "
+                "with model._target_=my_package.MyModule"
+            )
+        # A network for the built-in classifier, configured before models had a target; it builds the network.
+        spec.update(_target_=CLASSIFIER, _recursive_=False)
+    options = {key: spec.pop(key) for key in MODULE_OPTIONS if key in spec}
+    for key, owner in MODEL_OWNED.items():
+        if key in spec:
+            raise UserError(set_by_plan(f"model.{key}", owner))
+    optim = c.optim
+    offered: dict[str, Any] = {"lr": task.lr, "seed": int(c.seed)}
+    for key in ("optimizer", "scheduler"):
+        if optim.get(key) is not None:
+            offered[key] = OmegaConf.to_container(optim[key])
+    # What the command line set for the plan must reach the module, or be refused: never silently ignored.
+    explicit = {}
+    for value, keys, groups in (("lr", ("optim.lr", "optim.lr_scaling"), ()),
+                                ("optimizer", ("optim.optimizer",), ("optim",)),
+                                ("scheduler", ("optim.scheduler",), ("optim",))):  # fmt: skip
+        item = _overridden(job, *keys, groups=groups)
+        if item is not None and (value != "scheduler" or "scheduler" in offered):
+            explicit[value] = item
+    replaced = _overridden(job, "model._target_", "model.net._target_")
+    return ModelPlan(
+        spec=spec,
+        offered=offered,
+        explicit=explicit,
+        invariant_dropout=bool(options.get("invariant_dropout", True)),
+        sync_batchnorm=bool(options.get("sync_batchnorm", False)),
+        option=job.choices.get("model"),
+        replaced=replaced.split("=", 1)[0].lstrip("+~") if replaced else None,
+    )
+
+
+def _data(c: DictConfig, task: TaskPlan) -> DataPlan:
+    spec = upgraded(OmegaConf.to_container(c.get("data") or OmegaConf.create({})))
+    if "_target_" not in spec:
+        raise UserError("the data has no _target_: pick a data option (data=mnist, ...) or set data._target_=...")
+    offered = {
+        "global_size": task.global_size,
+        "batch_size": task.per_device_size,
+        "accumulation": task.accumulation,
+        "eval_size": task.eval_size,
+        "num_workers": task.num_workers,
+        "pin_memory": task.pin_memory,
+        "persistent_workers": task.persistent_workers,
+        "drop_last": task.drop_last,
+        "seed": int(c.seed),
+    }
+    return DataPlan(spec=spec, offered=offered)
+
+
+def _trainer(c: DictConfig, hw: HardwarePlan, fw: FrameworkPlan, task: TaskPlan, run_dir: str) -> dict[str, Any]:
+    given: dict[str, Any] = OmegaConf.to_container(c.trainer)  # type: ignore[assignment]
+    for key, owner in PLANNED.items():
+        if given.get(key) is not None:
+            raise UserError(set_by_plan(f"trainer.{key}", owner))
+    # null means "Lightning's default", except where null is a setting of its own.
+    options = {k: v for k, v in given.items() if (v is not None or k in NULL_IS_A_SETTING) and k not in PLANNED}
+    # Budgets count optimizer steps (global batches), whatever the accumulation: Lightning counts micro-batches.
+    limit = options.get("limit_train_batches")
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        options["limit_train_batches"] = limit * task.accumulation
+    options.update(
+        accelerator=hw.accelerator,
+        devices=hw.devices,
+        num_nodes=hw.num_nodes,
+        precision=fw.precision,
+        accumulate_grad_batches=task.accumulation,
+        # torch's SyncBatchNorm runs on GPUs only; on CPU the project's GlobalBatchNorm does it.
+        sync_batchnorm=fw.sync_batchnorm and hw.accelerator == "gpu",
+        # Lightning looks for its own `hpc_ckpt_*` files there: never in the working directory.
+        default_root_dir=run_dir,
+    )
+    return options
+
+
+def _specs(group: Any) -> dict[str, dict[str, Any]]:
+    """The `_target_` specs of a group of named objects (callbacks, loggers); a null entry is switched off."""
+    if not group:
+        return {}
+    return {str(name): upgraded(OmegaConf.to_container(spec)) for name, spec in group.items() if spec is not None}
+
+
+# -- what the run starts from -------------------------------------------------------------------------
+
+
+def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any], str]:
+    """The config to run and its run dir: with `resume=RUN_DIR`, that run's saved config, where the command
+    line may only extend training (any other override that contradicts it is refused, naming each key)."""
+    run_dir = str(job.run_dir or (config.get("paths") or {}).get("output_dir") or ".")
+    if config.get("resume") in ("auto", "never", None):
+        return config, run_dir
+    earlier = RunDir.at(str(config["resume"]))
+    if not earlier.config.is_file():
+        raise UserError(
+            f"resume={config['resume']} is not the dir of an earlier run (no config.yaml there); "
+            "pass a run dir (outputs/<date>/<time>), or use resume=auto / resume=never"
+        )
+    saved = upgraded(yaml.safe_load(earlier.config.read_text()) or {})
+    now, then = OmegaConf.create(config), OmegaConf.create(saved)
+    differ = []
+    for item in job.overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if key == "resume" or key.startswith("hydra") or key in EXTENDABLE:
+            continue
+        plain = lambda v: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v  # noqa: E731
+        if plain(OmegaConf.select(now, key)) != plain(OmegaConf.select(then, key)):
+            differ.append(
+                f"{key} (run: {plain(OmegaConf.select(then, key))}, now: {plain(OmegaConf.select(now, key))})"
+            )
+    if differ:
+        raise UserError(
+            f"resume={earlier.path} is a different experiment: {'; '.join(differ)}; "
+            "drop those overrides to continue that run, or start a new one"
+        )
+    for key in EXTENDABLE:
+        OmegaConf.update(then, key, OmegaConf.select(now, key), force_add=True)
+    # A copied or moved run dir is a run of its own: nothing it writes may land in the original.
+    old = str((saved.get("paths") or {}).get("output_dir", earlier.path))
+    moved = _moved(OmegaConf.to_container(then), old, str(earlier.path.resolve()))
+    moved["resume"] = "auto"
+    return moved, str(earlier.path.resolve())
+
+
+def _moved(value: Any, old: str, new: str) -> Any:
+    """`value` with every path inside the `old` run dir rewritten into `new`."""
+    if isinstance(value, str) and (value == old or value.startswith(old.rstrip("/") + "/")):
+        return new + value[len(old) :]
+    if isinstance(value, dict):
+        return {k: _moved(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_moved(v, old, new) for v in value]
+    return value
+
+
+def _resume(c: DictConfig, config: dict[str, Any], run_dir: str) -> ResumePlan:
+    """Where `fit` continues from: the run dir's own last.ckpt once the run has saved one (reruns and requeues
+    continue, never restart), else `ckpt_path`; `resume=never` ignores the run's own checkpoint."""
+    own = RunDir.at(run_dir).last
+    policy = str(c.resume)
+    ckpt_path = c.ckpt_path
+    if ckpt_path == "last":  # Lightning's spelling of this run's own last checkpoint
+        if not own.is_file():
+            raise UserError(f"ckpt_path=last: this run dir has no {own} yet; run it once, or give a checkpoint file")
+        ckpt_path = str(own)
+    if c.mode == "eval":
+        return ResumePlan(mode="eval", policy=policy, ckpt_path=ckpt_path)
+    if policy != "never" and own.is_file():
+        continue_from, is_own = str(own), True
+    else:
+        continue_from, is_own = ckpt_path, False
+    return ResumePlan(
+        mode="train",
+        policy=policy,
+        continue_from=continue_from,
+        own=is_own,
+        ckpt_path=ckpt_path,
+        init_from=c.get("init_from"),
+        finished=finished_result(config, run_dir) if policy != "never" else None,
+    )
+
+
+def finished_result(config: dict[str, Any], run_dir: str) -> dict[str, Any] | None:
+    """The results of this run dir when it already finished with this very config (the same command run
+    again): nothing is left to do. A grown budget or any other change continues the run instead."""
+    files = RunDir.at(run_dir)
+    if config.get("mode") != "train" or not (files.results.is_file() and files.config.is_file()):
+        return None
+    if (read_json(files.manifest) or {}).get("status") != "finished":
+        return None
+    if upgraded(yaml.safe_load(files.config.read_text())) != upgraded(config):
+        return None
+    return read_json(files.results)
+
+
+# -- checks against a machine -------------------------------------------------------------------------
+
+# Hardware fields a job that runs on another machine must name: this machine cannot answer for them.
+ELSEWHERE_FIELDS = ("accelerator", "devices", "cpus_per_task", "mem_gb")
+
+
+def resources_elsewhere(cfg: DictConfig | dict[str, Any]) -> tuple[HardwarePlan, FrameworkPlan, TaskPlan]:
+    """The resources of a job that runs on another machine (a SLURM node, a cloud instance): every one comes
+    from the config, none is read off the submitting machine."""
+    c = OmegaConf.create(as_container(cfg)) if isinstance(cfg, dict) else cfg
+    hw = c.hardware
+    auto = [f"hardware.{key}" for key in ELSEWHERE_FIELDS if hw.get(key, "auto") in ("auto", -1)]
+    if auto:
+        raise UserError(
+            f"{', '.join(auto)} cannot be auto for a job that runs on another machine; pick a profile such as "
+            f"hardware=1gpu or hardware=8gpu, or set {'=..., '.join(auto)}=..."
+        )
+    return resources(c, Machine())
+
+
+def check_plan(plan: RunPlan, machine: Machine) -> None:
+    """Refuse, with the fix, a plan this machine cannot run."""
+    hw, fw = plan.hardware, plan.framework
+    if hw.accelerator == "gpu" and machine.gpus < hw.devices:
+        found = "no CUDA GPU" if machine.gpus == 0 else f"{machine.gpus} GPU(s)"
+        fix = (
+            "use hardware=auto or hardware=cpu"
+            if machine.gpus == 0
+            else f"use hardware=auto or hardware.devices={machine.gpus}"
+        )
+        raise UserError(f"the plan asks for {hw.devices} GPU(s) per node but this machine has {found}; {fix}")
+    if hw.num_nodes > 1 and external_launcher() is None:
+        raise UserError(
+            f"hardware.num_nodes={hw.num_nodes} needs a launcher that starts every node: submit with "
+            "hydra/launcher=slurm or start each node with torchrun --nnodes; or use hardware.num_nodes=1"
+        )
+    if hw.accelerator == "cpu" and fw.precision in ("16-mixed", "16-true"):
+        raise UserError(
+            f"precision={fw.precision} needs a CUDA GPU; on CPU use precision=bf16-mixed or precision=32-true"
+        )
+    if hw.accelerator == "gpu" and fw.precision.startswith("bf16") and not machine.bf16:
+        raise UserError(
+            f"precision={fw.precision} but {machine.gpu_name or 'this GPU'} has no bfloat16 support; use precision=16-mixed"
+        )
+    for key in ("ckpt_path", "init_from"):
+        path = plan.resume.ckpt_path if key == "ckpt_path" else plan.resume.init_from
+        if path and not plan.resume.own and not Path(path).is_file():
+            raise UserError(f"{key}={path} does not exist; pass the .ckpt file of a run (its checkpoints/ folder)")

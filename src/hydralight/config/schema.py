@@ -1,0 +1,286 @@
+"""Typed schemas of the config tree, checked by Hydra when the config is composed.
+
+A wrong type or an unknown choice (`optim.lr=abc`, `mode=tain`, `trainer.precision=bf17`) is refused
+before any run dir exists, for a single run, `--cfg`, `plan=true` and every job of a sweep alike.
+Checks that need arithmetic (divisibility, what the machine has) stay in the plan. No torch imports.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+
+class Choice(str, Enum):
+    """A closed set of string values; prints as the bare value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def _choice(name: str, values: tuple[str, ...]) -> type[Choice]:
+    # The functional API accepts values such as "bf16-mixed" that are not Python names.
+    return Choice(name, [(v, v) for v in values])  # type: ignore[return-value]
+
+
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
+STRATEGIES = ("auto", "ddp", "ddp_spawn")
+LR_SCALING = ("none", "linear", "sqrt")
+
+Mode = _choice("Mode", ("train", "eval"))
+Direction = _choice("Direction", ("max", "min"))
+Accelerator = _choice("Accelerator", ("auto", "cpu", "gpu", "cuda"))
+StrategyName = _choice("StrategyName", STRATEGIES)
+Precision = _choice("Precision", PRECISIONS)
+LrScaling = _choice("LrScaling", LR_SCALING)
+Loader = _choice("Loader", ("tensor", "torchvision"))
+FolderLoader = _choice("FolderLoader", ("auto", "tensor", "torchvision"))
+ImageMode = _choice("ImageMode", ("L", "LA", "RGB", "RGBA"))
+CompileMode = _choice("CompileMode", ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+
+# Trainer arguments that other groups own: one place to set each.
+PLANNED = {
+    "accelerator": "hardware.accelerator",
+    "devices": "hardware.devices",
+    "num_nodes": "hardware.num_nodes",
+    "strategy": "strategy=<name>",
+    "accumulate_grad_batches": "batch.max_per_device or batch.accumulation",
+    "sync_batchnorm": "model.sync_batchnorm",
+    "use_distributed_sampler": "nothing (on when the data module does not shard by rank itself)",
+    "default_root_dir": "hydra.run.dir (the run dir holds everything a run writes)",
+    "logger": "logger=<name>",
+    "callbacks": "callbacks.<name>",
+    "plugins": "nothing (the run adds its checkpoint and cluster plugins)",
+}
+
+
+def set_by_plan(key: str, owner: str) -> str:
+    """The one wording of a refused key that the plan decides."""
+    return f"{key} is set by the plan; set {owner} instead"
+
+
+def planned_trainer_key(key: str) -> str | None:
+    """The refusal of `trainer.<key>` when the plan owns it, else None."""
+    short = key.removeprefix("trainer.")
+    return set_by_plan(f"trainer.{short}", PLANNED[short]) if key.startswith("trainer.") and short in PLANNED else None
+
+
+@dataclass
+class HardwareConf:
+    accelerator: Accelerator = Accelerator.auto  # type: ignore[attr-defined]
+    devices: Any = "auto"  # an integer or auto
+    num_nodes: int = 1
+    cpus_per_task: Any = "auto"  # an integer or auto
+    mem_gb: Any = "auto"  # a number or auto
+
+
+@dataclass
+class StrategyConf:
+    name: StrategyName = StrategyName.auto  # type: ignore[attr-defined]
+    find_unused_parameters: bool = False
+    timeout_s: int = 1800
+
+
+@dataclass
+class BatchConf:
+    global_size: int = 128
+    max_per_device: int | None = None
+    accumulation: Any = "auto"  # an integer or auto
+    reference_size: int | None = None
+    num_workers: Any = "auto"  # an integer or auto
+    pin_memory: Any = "auto"  # true, false or auto
+    drop_last: bool = True
+    eval_size: int = 1000
+
+
+@dataclass
+class OptimConf:
+    lr: float = 1.0e-3
+    lr_scaling: LrScaling = LrScaling.none  # type: ignore[attr-defined]
+    optimizer: Any = None  # a `_target_` spec, `_partial_: true`
+    scheduler: Any = None
+
+
+@dataclass
+class ModelConf:
+    """The built-in classifier's options (model=cnn, mlp, fastcnn, ...): a network under `net`."""
+
+    _target_: str = "hydralight.tasks.classifier.Classifier"
+    # The classifier builds its network itself, sized by the data: Hydra must not build `net` first.
+    _recursive_: bool = False
+    net: Any = None  # a `_target_` spec of an nn.Module
+    label_smoothing: float = 0.0
+    sync_batchnorm: bool = False
+    invariant_dropout: bool = True
+    compile: bool = False  # torch.compile the network (worth it on GPUs, where Python overhead dominates)
+    compile_mode: CompileMode = CompileMode.default  # type: ignore[attr-defined]
+    channels_last: bool = False  # NHWC memory layout for convolutions (faster with tensor cores)
+
+
+@dataclass
+class MNISTDataConf:
+    _target_: str = "hydralight.data.MNISTDataModule"
+    data_dir: str = "data"
+    loader: Loader = Loader.tensor  # type: ignore[attr-defined]
+    val_size: int = 5000
+    download: bool = True
+    max_shift: int = 0
+
+
+@dataclass
+class ImageFolderDataConf:
+    _target_: str = "hydralight.data.ImageFolderDataModule"
+    root: str | None = None
+    data_dir: str = "data"
+    size: Any = None  # an int or [height, width]
+    mode: ImageMode | None = None  # type: ignore[valid-type]
+    loader: FolderLoader = FolderLoader.auto  # type: ignore[attr-defined]
+    max_memory_gb: float = 4.0
+    val_size: float = 0.1  # a fraction below 1, or a number of images
+    skip_bad: bool = False
+    max_shift: int = 0
+
+
+@dataclass
+class TrainerConf:
+    """Lightning Trainer arguments the user sets (the others are planned: see PLANNED)."""
+
+    precision: Precision = Precision["32-true"]  # type: ignore[misc]
+    max_epochs: int | None = None
+    min_epochs: int | None = None
+    max_steps: int = -1
+    min_steps: int | None = None
+    max_time: Any = None  # "DD:HH:MM:SS" or {hours: 1}
+    limit_train_batches: Any = None  # int: batches, float: fraction
+    limit_val_batches: Any = None
+    limit_test_batches: Any = None
+    limit_predict_batches: Any = None
+    overfit_batches: Any = 0.0
+    val_check_interval: Any = None
+    check_val_every_n_epoch: int | None = 1
+    num_sanity_val_steps: int | None = None
+    log_every_n_steps: int | None = None
+    enable_checkpointing: bool | None = None
+    enable_progress_bar: bool | None = None
+    enable_model_summary: bool | None = None
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str | None = None
+    deterministic: Any = None  # true, false or "warn"
+    benchmark: bool | None = None
+    inference_mode: bool = True
+    profiler: Any = None  # a name or a `_target_` spec
+    detect_anomaly: bool = False
+    barebones: bool = False
+    reload_dataloaders_every_n_epochs: int = 0
+    fast_dev_run: Any = False  # true or a number of batches
+    enable_autolog_hparams: bool = True
+    model_registry: str | None = None
+
+
+@dataclass
+class PathsConf:
+    root_dir: str = "."
+    output_dir: str = "."
+
+
+@dataclass
+class ClusterConf:
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    timeout_min: int = 60
+    signal_delay_s: int = 120
+    max_requeues: int = 3
+    sbatch: dict[str, Any] = field(default_factory=dict)
+    setup: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ObjectiveConf:
+    """What `main` returns to a sweeper: a validation metric, never a test one."""
+
+    metric: str = "val/acc"
+    direction: Direction = Direction.max  # type: ignore[attr-defined]
+
+
+@dataclass
+class TrainConf:
+    seed: int = 42
+    mode: Mode = Mode.train  # type: ignore[attr-defined]
+    ckpt_path: str | None = None
+    init_from: str | None = None
+    resume: str = "auto"  # auto, never or a run dir
+    plan: bool = False
+    objective: ObjectiveConf = field(default_factory=ObjectiveConf)
+    hardware: HardwareConf = field(default_factory=HardwareConf)
+    strategy: StrategyConf = field(default_factory=StrategyConf)
+    trainer: TrainerConf = field(default_factory=TrainerConf)
+    batch: BatchConf = field(default_factory=BatchConf)
+    optim: OptimConf = field(default_factory=OptimConf)
+    paths: PathsConf = field(default_factory=PathsConf)
+    cluster: ClusterConf = field(default_factory=ClusterConf)
+    # Groups whose options bring their own schema (`defaults: [schema]` in the option), or none.
+    model: Any = None
+    data: Any = None
+    logger: dict[str, Any] = field(default_factory=dict)
+    callbacks: dict[str, Any] = field(default_factory=dict)
+
+
+def register() -> None:
+    """Put the schemas where the config files name them (`- train_schema`, `- /schema@_here_: model`)."""
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainConf)
+    # In a group of their own, so that they are no options of `model` or `data` (a glob() would pick them).
+    store.store(group="schema", name="model", node=ModelConf)
+    store.store(group="schema", name="mnist", node=MNISTDataConf)
+    store.store(group="schema", name="imagefolder", node=ImageFolderDataConf)
+
+
+def plain(cfg: DictConfig) -> DictConfig:
+    """The same config with choices as plain strings and no schema, interpolations kept."""
+    return OmegaConf.create(OmegaConf.to_container(cfg, enum_to_str=True))
+
+
+def explain(err: BaseException, overrides: list[str]) -> str:
+    """One line for a composition error: the key, the value and what is allowed."""
+    causes = []
+    while err is not None:
+        causes.append(err)
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    text = " ".join(str(c) for c in causes)
+    key_match = re.search(r"full_key: (\S+)", text)
+    key = key_match.group(1) if key_match else None
+    given = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if "=" in o}
+    where = f"{key}={given[key]}" if key in given else key
+    if m := re.search(r"Invalid value '(.*?)', expected one of \[(.*?)\]", text):
+        return f"{key}={m.group(1)} is not allowed; use one of {m.group(2)}"
+    if m := re.search(r"Value '(.*?)' (?:of type '\w+' )?could not be converted to (\w+)", text):
+        kind = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}.get(m.group(2), m.group(2))
+        return f"{key}={m.group(1)} is not {kind}; give {key} {kind}"
+    if m := re.search(r"Ambiguous value for argument '(.*?)'", text):
+        return f"{m.group(1)} holds a list of values: add -m to sweep over them, or quote it (key='a,b') as one value"
+    if m := re.search(r"Value '(.*?)' is not a valid bool", text):
+        return f"{key}={m.group(1)} is not true or false; give {key} true or false"
+    if re.search(r"Non optional field cannot be assigned None|field '[\w.]+' is not Optional", text):
+        return f"{key}=null is not allowed; give {key} a value"
+    if m := re.search(r"Key '(\w+)' not in '(\w+)'|Key '(\w+)' is not in struct", text):
+        name = key or m.group(1) or m.group(3)
+        return (
+            planned_trainer_key(name)
+            or f"{name} is not a config key; check the spelling (`--cfg job` prints the config)"
+        )
+    if m := re.search(r"Could not find '([\w/]+)/([^']+)'(?s:.*?)Available options in '[\w/]+':\n((?:\t.*\n?)*)", text):
+        options = ", ".join(o.strip() for o in m.group(3).split() if o.strip())
+        group = m.group(1).split("/")[-1]
+        return f"{group}={m.group(2)} is not an option of {group}; use one of {options}"
+    first = next((line.strip() for line in str(causes[-1]).splitlines() if line.strip()), type(causes[-1]).__name__)
+    return f"{where}: {first}" if where else first

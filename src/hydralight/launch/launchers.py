@@ -1,0 +1,227 @@
+"""Sweeps on SLURM (and locally) through hydra-submitit-launcher, sized by the resource plan.
+
+What the stock launcher lacks, and this adds:
+- resources per job from that job's own plan (nodes, tasks per node = devices, GPUs, CPUs, memory),
+  so `hardware=8gpu` cannot ask SLURM for 4 tasks, and a sweep over hardware sizes each job right;
+- job ids and output dirs printed at submission; `dry_run=true` writes the sbatch scripts only;
+- ranks other than 0 write no Hydra record or log into the job dir;
+- sbatch's refusals (unknown partition, too many GPUs) as one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, filter_overrides, run_job, setup_globals
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, LocalQueueConf, SlurmQueueConf
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from hydralight.errors import UserError, exit_on_user_error
+from hydralight.rundir.outcome import record_submitted
+from hydralight.rundir.record import discard_unused_run_dir
+
+log = logging.getLogger(__name__)
+
+# Launcher keys that the plan decides; set through the hardware group instead.
+RESOURCE_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "mem_gb")
+# Logging for ranks > 0: warnings to stderr, nothing into the job's log file.
+QUIET_LOGGING = {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING", "handlers": []}}
+
+
+@dataclass
+class HydralightSlurmConf(SlurmQueueConf):
+    _target_: str = "hydra_plugins.hydralight_launchers.PlannedSlurmLauncher"
+    # Write the sbatch script of each job next to the sweep and submit nothing.
+    dry_run: bool = False
+    # Options of the srun that starts the ranks. A rank that dies ends the whole job at once, instead of
+    # leaving the others waiting in a collective until its timeout (NCCL, a hung node).
+    srun_args: list[str] = field(default_factory=lambda: ["--kill-on-bad-exit=1"])
+
+
+@dataclass
+class HydralightLocalConf(LocalQueueConf):
+    _target_: str = "hydra_plugins.hydralight_launchers.PlannedLocalLauncher"
+    dry_run: bool = False
+
+
+def job_resources(cfg: DictConfig, executor: str) -> dict[str, Any]:
+    """Launcher resources of one job, from that job's own plan: for SLURM planned from the profile alone,
+    for local jobs on this machine (one process per job; Lightning starts the other ranks itself)."""
+    from hydralight.config.resolve import resources, resources_elsewhere
+    from hydralight.training.machine import detect
+
+    if executor == "slurm":
+        return resources_elsewhere(cfg)[0].slurm_resources()
+    hardware = resources(cfg, detect())[0]
+    if hardware.num_nodes > 1:
+        raise UserError(
+            f"hardware.num_nodes={hardware.num_nodes} cannot run with hydra/launcher=local; use hydra/launcher=slurm"
+        )
+    return hardware.slurm_resources(one_task=True)
+
+
+def script_writer(folder: str, executor: str, max_num_timeout: int) -> Any:
+    """submitit's executor of that kind, made to write job scripts only (the SLURM one would otherwise look
+    for `srun` on this host)."""
+    import submitit
+
+    if executor != "slurm":
+        return submitit.LocalExecutor(folder)
+
+    class ScriptWriter(submitit.SlurmExecutor):
+        @classmethod
+        def affinity(cls) -> int:
+            return 1
+
+    return ScriptWriter(folder, max_num_timeout=max_num_timeout)
+
+
+def sbatch_refusal(err: BaseException) -> str:
+    """The `sbatch: error: ...` lines of a failed submission, joined into one line."""
+    text = " ".join(str(a) for a in getattr(err, "args", ())) + " " + str(getattr(err, "output", "") or "")
+    found = re.findall(r"sbatch: error: ([^\n\\]+)", text)
+    return "; ".join(dict.fromkeys(m.strip() for m in found)) or str(err).strip().splitlines()[-1]
+
+
+class PlannedLauncherMixin:
+    """Mixed into the submitit launchers; `_EXECUTOR` is `slurm` or `local`."""
+
+    _EXECUTOR: str
+    params: dict[str, Any]
+    config: DictConfig | None
+    hydra_context: Any
+
+    def __call__(
+        self,
+        sweep_overrides: list[str],
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: dict[type, Singleton],
+    ) -> JobReturn:
+        import submitit
+
+        Singleton.set_state(singleton_state)
+        setup_globals()
+        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
+        env = submitit.JobEnvironment()
+        with open_dict(sweep_config.hydra):
+            sweep_config.hydra.job.id = env.job_id
+            sweep_config.hydra.job.num = job_num
+            if env.global_rank > 0:
+                sweep_config.hydra.output_subdir = None
+                sweep_config.hydra.job_logging = QUIET_LOGGING
+        return run_job(
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=sweep_config,
+            job_dir_key=job_dir_key,
+            job_subdir_key="hydra.sweep.subdir",
+        )
+
+    @exit_on_user_error
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        import submitit
+
+        assert self.config is not None
+        params = dict(self.params)
+        if self._EXECUTOR == "slurm" and not params.get("setup"):
+            # A list-valued interpolation cannot sit in the launcher's typed config; read it here.
+            params["setup"] = list(self.config.get("cluster", {}).get("setup") or []) or None
+        dry_run = params.pop("dry_run", False)
+        folder = params.pop("submitit_folder")
+        max_num_timeout = params.pop("max_num_timeout", 0)
+        init = {f"{self._EXECUTOR}_max_num_timeout": max_num_timeout}
+        # A dry run only writes scripts: it needs no SLURM binaries on this host.
+        executor = None if dry_run else submitit.AutoExecutor(folder=folder, cluster=self._EXECUTOR, **init)
+        generic = set(OmegaConf.structured(BaseQueueConf).keys())
+        base = {k if k in generic else f"{self._EXECUTOR}_{k}": v for k, v in params.items() if k not in RESOURCE_KEYS}
+
+        # Group jobs by what they ask for: one array submission per distinct request.
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        arguments = []
+        for i, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + i
+            job_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            try:
+                resources = job_resources(job_cfg, self._EXECUTOR)
+                self._check_no_resource_overrides(params, resources)
+            except UserError as err:
+                discard_unused_run_dir(Path(str(self.config.hydra.sweep.dir)))  # Hydra's multirun.yaml only
+                prefix = (
+                    f"sweep job {idx} ({' '.join(filter_overrides(overrides))}): " if len(job_overrides) > 1 else ""
+                )
+                raise UserError(prefix + str(err)) from None
+            groups[tuple(sorted(resources.items()))].append(i)
+            arguments.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+
+        # Every job is sized (or refused) before the sweep dir exists.
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        if dry_run:
+            writer = script_writer(folder, self._EXECUTOR, max_num_timeout)
+            return self._write_scripts(writer, base, groups, sweep_dir, initial_job_idx)
+        jobs: list[Any] = [None] * len(arguments)
+        for resources, indices in groups.items():
+            executor.update_parameters(**base, **dict(resources))
+            try:
+                submitted = executor.map_array(self, *zip(*[arguments[i] for i in indices], strict=True))
+            except Exception as err:  # sbatch said no: bad partition, resources the cluster does not have
+                asked = ", ".join(f"{k}={v}" for k, v in resources if v is not None)
+                raise UserError(f"SLURM refused the job ({asked}): {sbatch_refusal(err)}") from None
+            for i, job in zip(indices, submitted, strict=True):
+                jobs[i] = job
+                log.info(
+                    f"#{initial_job_idx + i}: {self._EXECUTOR} job {job.job_id} -> {sweep_dir / str(initial_job_idx + i)}"
+                )
+        self._record_jobs(sweep_dir, arguments, jobs)
+        log.info(f"Waiting for {len(jobs)} job(s); job logs in {folder.replace('%j', '<job id>')}")
+        results = []
+        for i, job in enumerate(jobs):
+            try:
+                results.append(job.results()[0])
+            except Exception as err:  # killed, cancelled, out of time, crashed: the others still count
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+                log.error(
+                    f"#{initial_job_idx + i}: {self._EXECUTOR} job {job.job_id} ended {job.state}: {reason[:300]}"
+                )
+        return results
+
+    @staticmethod
+    def _record_jobs(sweep_dir: Path, arguments: list, jobs: list) -> None:
+        submitted = {idx: (overrides, job.job_id) for (overrides, _, idx, *_), job in zip(arguments, jobs, strict=True)}
+        record_submitted(sweep_dir, submitted)
+
+    def _check_no_resource_overrides(self, params: dict[str, Any], planned: dict[str, Any]) -> None:
+        defaults = OmegaConf.structured(BaseQueueConf)
+        for key in RESOURCE_KEYS:
+            if params.get(key) not in (None, defaults[key], planned[key]):
+                raise UserError(
+                    f"hydra.launcher.{key}={params[key]} disagrees with the hardware profile ({planned[key]}); "
+                    "set hardware.devices / hardware.num_nodes / hardware.cpus_per_task / hardware.mem_gb instead"
+                )
+
+    def _write_scripts(self, executor: Any, base: dict, groups: dict, sweep_dir: Path, first: int) -> list:
+        scripts = sweep_dir / "sbatch"
+        scripts.mkdir(parents=True, exist_ok=True)
+        prefix = f"{self._EXECUTOR}_"
+        for resources, indices in groups.items():
+            # What AutoExecutor.update_parameters does: generic names converted, ours with the prefix taken off.
+            asked = {k: v for k, v in {**base, **dict(resources)}.items() if v is not None}
+            params = executor._convert_parameters({k: v for k, v in asked.items() if not k.startswith(prefix)})
+            params.update({k.removeprefix(prefix): v for k, v in asked.items() if k.startswith(prefix)})
+            executor._internal_update_parameters(**params)
+            text = executor._make_submission_file_text("python -u -m submitit.core._submit <folder>", "dry-run")
+            for i in indices:
+                path = scripts / f"job{first + i}.sh"
+                path.write_text(text)
+                log.info(f"#{first + i}: sbatch script written to {path} (dry run, nothing submitted)")
+        return []

@@ -1,0 +1,492 @@
+"""Hyperparameter search: a Hydra sweeper that asks Optuna for trials and runs them through the configured
+launcher (one after another, as local processes, or as SLURM jobs), `hydra.sweeper.n_jobs` at a time.
+
+Written here rather than taken from hydra-optuna-sweeper: its last release pins optuna<3, whose SQLite
+storage fails under SQLAlchemy 2, and one failing trial aborts its whole search.
+
+- The space is Hydra's sweep syntax (`choice(...)`, `range(...)`, `tag(log, interval(a, b))`), from
+  `hydra.sweeper.params` and from sweep overrides on the command line; plain overrides go to every trial.
+- Values of a choice that the resource plan refuses (a batch size that does not split over the devices)
+  are left out before the search starts; a sampled trial the plan refuses is told to Optuna as failed, with
+  its reason, and never launched. A trial whose job fails (NaN loss, crash, killed) counts as failed.
+- With a storage (by default an SQLite file in the sweep dir), the same command continues the study: it
+  runs trials until the study holds `n_trials`, and a trial left running by a stopped search runs again in
+  its own job dir, continuing from its checkpoint.
+- `search.json` (every trial) and `best.yaml` (the best trial and the command that reproduces it) are
+  written into the sweep dir after every batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep, Transformer
+from hydra.plugins.sweeper import Sweeper
+from omegaconf import DictConfig, OmegaConf
+
+from hydralight.errors import UserError, exit_on_user_error
+from hydralight.rundir.layout import SweepDir
+from hydralight.rundir.outcome import read_job
+from hydralight.rundir.record import discard_unused_run_dir, read_json
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OptunaSearchConf:
+    _target_: str = "hydra_plugins.hydralight_search.OptunaSearch"
+    # Trials the study holds when the search ends (a rerun with a storage runs only the missing ones).
+    n_trials: int = 20
+    # Trials launched together: processes with hydra/launcher=local, jobs with hydra/launcher=slurm.
+    n_jobs: int = 1
+    # The sampler's seed: the same command proposes the same trials.
+    seed: int | None = None
+    # TPE samples at random until this many trials have finished.
+    n_startup_trials: int = 10
+    study_name: str = "search"
+    # An Optuna storage URL (e.g. sqlite:///search.db); null keeps the study in memory (no resume).
+    storage: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
+    # Trials to run first, before sampling (a baseline, settings known to work): [{optim.lr: 1e-3}, ...].
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Dimension:
+    """One searched parameter: its Optuna distribution and how the report should draw it."""
+
+    key: str
+    distribution: Any
+
+    def describe(self) -> dict[str, Any]:
+        import optuna
+
+        d = self.distribution
+        if isinstance(d, optuna.distributions.CategoricalDistribution):
+            return {"kind": "categorical", "choices": list(d.choices)}
+        kind = "int" if isinstance(d, optuna.distributions.IntDistribution) else "float"
+        return {"kind": kind, "low": d.low, "high": d.high, "step": d.step, "log": d.log}
+
+
+def to_dimension(override: Override) -> Dimension:
+    """Hydra sweep syntax -> an Optuna distribution; a glob, a non-sweep value or an empty range is refused."""
+    value = override.value()
+    tags = getattr(value, "tags", set()) or set()
+    if unknown := tags - {"log", "int"}:
+        raise UserError(f"{override.input_line}: unknown tag {', '.join(sorted(unknown))}; the tags are log and int")
+    try:
+        return _dimension(override, value, tags)
+    except (ValueError, IndexError, TypeError) as err:
+        raise UserError(f"{override.input_line} is not a range Optuna can sample: {err}") from None
+
+
+def _dimension(override: Override, value: Any, tags: set[str]) -> Dimension:
+    import optuna.distributions as dist
+
+    key = override.get_key_element()
+    if isinstance(value, ChoiceSweep):
+        choices = list(override.sweep_iterator(transformer=Transformer.identity))
+        return Dimension(key, dist.CategoricalDistribution(choices))
+    if isinstance(value, IntervalSweep):
+        low, high = value.start, value.end
+        if "int" in tags:
+            return Dimension(key, dist.IntDistribution(int(low), int(high), log="log" in tags))
+        return Dimension(key, dist.FloatDistribution(float(low), float(high), log="log" in tags))
+    if isinstance(value, RangeSweep):
+        values = list(override.sweep_iterator(transformer=Transformer.identity))
+        if not values:
+            raise ValueError("the range is empty")
+        if all(isinstance(v, int) for v in values) and "log" not in tags:
+            return Dimension(key, dist.IntDistribution(values[0], values[-1], step=int(value.step)))
+        return Dimension(key, dist.CategoricalDistribution(values))
+    raise UserError(
+        f"{override.input_line} cannot be searched; use choice(a, b, ...), range(start, stop, step) "
+        "or interval(low, high), tagged log or int: e.g. optim.lr='tag(log, interval(1e-4, 1e-1))'"
+    )
+
+
+def override_text(key: str, value: Any) -> str:
+    """`key=value` as Hydra parses it back to the same value."""
+    if isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, float):
+        text = repr(value)
+    elif isinstance(value, str):
+        text = value if _parses_back(key, value, value) else "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    else:
+        text = str(value)
+    return f"{key}={text}"
+
+
+def _parses_back(key: str, text: str, value: Any) -> bool:
+    try:
+        (parsed,) = OverridesParser.create().parse_overrides([f"{key}={text}"])
+    except Exception:
+        return False
+    return not parsed.is_sweep_override() and parsed.value() == value and type(parsed.value()) is type(value)
+
+
+def reproduce_command(overrides: list[str]) -> str:
+    """The single run a trial was: its overrides without the search preset."""
+    from hydralight.config.compose import SEARCH_GROUP
+
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != SEARCH_GROUP]
+    return " ".join(["python train.py", *(shlex.quote(o) for o in kept)])
+
+
+class OptunaSearch(Sweeper):
+    """`hydra/sweeper=optuna`: see the module docstring."""
+
+    def __init__(
+        self,
+        n_trials: int,
+        n_jobs: int,
+        seed: int | None,
+        n_startup_trials: int,
+        study_name: str,
+        storage: str | None,
+        params: dict[str, str] | None,
+        enqueue: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.n_trials, self.n_jobs, self.seed = n_trials, n_jobs, seed
+        self.n_startup_trials, self.study_name, self.storage = n_startup_trials, study_name, storage
+        self.params = dict(params or {})
+        self.enqueue = [dict(OmegaConf.to_container(t) if isinstance(t, DictConfig) else t) for t in enqueue or []]
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.hydra_context, self.config = hydra_context, config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+        self.files = SweepDir(self.sweep_dir)
+        self.executor = getattr(self.launcher, "_EXECUTOR", "local")
+
+    # -- the search ---------------------------------------------------------------------------------
+
+    @exit_on_user_error
+    def sweep(self, arguments: list[str]) -> list[Any]:
+        from hydralight.rundir.lock import RunDirLock
+
+        try:
+            self._check_settings()
+            fixed, space = self._split(arguments)
+            # What every trial shares is checked first, so a refusal there is not blamed on a searched key.
+            if (reason := self._refusal(fixed)) is not None and not any(key in reason for key in space):
+                raise UserError(f"every trial would be refused: {reason}")
+            space = {key: self._feasible(dim, fixed) for key, dim in space.items()}
+            self._check_enqueue(space)
+        except UserError:
+            discard_unused_run_dir(self.sweep_dir)  # refused before any trial: no sweep dir left behind
+            raise
+        self.fixed, self.space = fixed, space
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        # One search process per sweep dir: a second one would take the first one's running trials for stopped.
+        with RunDirLock(self.sweep_dir):
+            study = self._study()
+            OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
+            return self._search(study)
+
+    def _search(self, study: Any) -> list[Any]:
+        import optuna
+
+        running = optuna.trial.TrialState.RUNNING
+        # Trials a stopped search left running: run again in their own job dirs (they continue from there);
+        # one stopped before it had a job dir never ran.
+        stale = [t for t in study.trials if t.state == running and "job" in t.user_attrs]
+        for trial in study.trials:
+            if trial.state == running and "job" not in trial.user_attrs:
+                study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        if stale:
+            log.info(f"continuing study {self.study_name}: {len(study.trials)} trial(s) so far, {len(stale)} to rerun")
+        next_job = self._next_job_number()
+        returns: list[Any] = []
+        while True:
+            batch = stale[: self.n_jobs]
+            stale = stale[self.n_jobs :]
+            rerun = bool(batch)
+            while not rerun and len(batch) < self.n_jobs and self._counted(study) < self.n_trials:
+                trial = study.ask({key: dim.distribution for key, dim in self.space.items()})
+                overrides = self._overrides(trial.params)
+                if (reason := self._refusal(overrides)) is not None:
+                    log.warning(f"trial {trial.number} not run: {reason}")
+                    trial.set_user_attr("reason", reason)
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    continue
+                trial.set_user_attr("overrides", overrides)
+                trial.set_user_attr("job", str(next_job + len(batch)))
+                batch.append(trial)
+            if not batch:
+                break
+            returns += self._run(study, batch, rerun, next_job)
+            next_job = self._next_job_number()
+            self._write_results(study)
+        self._write_results(study)
+        return returns
+
+    @staticmethod
+    def _counted(study: Any) -> int:
+        """Trials that count towards n_trials: every one but those enqueued and not yet started."""
+        import optuna
+
+        return sum(t.state != optuna.trial.TrialState.WAITING for t in study.trials)
+
+    def _study(self) -> Any:
+        """The study, new or continued: a continued one must search the same way (direction, objective, fixed
+        overrides, space); its sampler is seeded past the trials it has, so it proposes new ones."""
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        direction = "maximize" if str(self.config.objective.direction) == "max" else "minimize"
+        try:
+            study = optuna.create_study(
+                study_name=self.study_name, storage=self.storage, direction=direction, load_if_exists=True
+            )
+        except Exception as err:  # an unreachable or unreadable storage
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UserError(f"cannot open the study storage {self.storage}: {reason}") from None
+        metric = str(self.config.objective.metric)
+        if not study.trials:
+            study.set_user_attr("metric", metric)
+            study.set_user_attr("fixed", self.fixed)
+        again = "set hydra.sweeper.study_name (or another hydra.sweep.dir) to start another study"
+        if study.direction.name.lower() != direction or study.user_attrs.get("metric", metric) != metric:
+            raise UserError(
+                f"the study {self.study_name} was made to {study.direction.name.lower()} "
+                f"{study.user_attrs.get('metric')}, not to {direction} {metric}; {again}"
+            )
+        if sorted(study.user_attrs.get("fixed", self.fixed)) != sorted(self.fixed):
+            was = " ".join(study.user_attrs["fixed"]) or "(none)"
+            raise UserError(
+                f"the study {self.study_name} ran its trials with {was}, not {' '.join(self.fixed)}; {again}"
+            )
+        self._check_same_space(study, self.space)
+        seed = None if self.seed is None else self.seed + len(study.trials)
+        # constant_liar: trials launched together are proposed knowing the others are running.
+        study.sampler = optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=self.n_startup_trials, constant_liar=self.n_jobs > 1
+        )
+        if not study.trials:  # the given trials first (a continued study ran them already)
+            for params in self.enqueue:
+                study.enqueue_trial(params)
+        return study
+
+    def _check_settings(self) -> None:
+        if self.n_trials < 1 or self.n_jobs < 1:
+            raise UserError(f"hydra.sweeper.n_trials={self.n_trials} and n_jobs={self.n_jobs} must be at least 1")
+        subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False).get("subdir")
+        if subdir != "${hydra.job.num}":
+            raise UserError(
+                f"a search finds its trials' results in numbered job dirs: leave hydra.sweep.subdir at "
+                f"${{hydra.job.num}} (not {subdir})"
+            )
+        self._check_objective()
+
+    def _check_objective(self) -> None:
+        """A search needs an objective: a module without a validation step has none."""
+        import pytorch_lightning as pl
+
+        from hydralight.config.resolve import CLASSIFIER
+        from hydralight.training.modules import module_class
+
+        model = self.config.get("model") or {}
+        target = model.get("_target_") or (CLASSIFIER if "net" in model else None)
+        if target is None:
+            return  # refused with the trials' own config check
+        cls = module_class({"_target_": target})
+        if cls.validation_step is pl.LightningModule.validation_step:
+            raise UserError(
+                f"a search tunes {self.config.objective.metric}, a validation metric, and {cls.__name__} has no "
+                "validation_step; give it one that logs the metric (self.log(...)), then set objective.metric"
+            )
+
+    def _check_enqueue(self, space: dict[str, Dimension]) -> None:
+        for params in self.enqueue:
+            if unknown := set(params) - set(space):
+                raise UserError(f"hydra.sweeper.enqueue names {', '.join(sorted(unknown))}, which is not searched")
+            for key, value in params.items():
+                choices = getattr(space[key].distribution, "choices", None)
+                if choices is not None and value not in choices:
+                    raise UserError(
+                        f"hydra.sweeper.enqueue has {key}={value}, not one of the values searched "
+                        f"({', '.join(map(str, choices))})"
+                    )
+
+    def _run(self, study: Any, batch: list[Any], rerun: bool, next_job: int) -> list[Any]:
+        """Launch the trials of one batch, then tell Optuna each one's objective (or that it failed)."""
+        import optuna
+
+        jobs = [int(t.user_attrs["job"]) for t in batch]
+        returns = []
+        # A launcher numbers the jobs of one call consecutively; reruns keep their own numbers.
+        for first, group in self._consecutive(jobs, batch) if rerun else [(next_job, batch)]:
+            overrides = [t.user_attrs.get("overrides") or self._overrides(t.params) for t in group]
+            for trial, job_overrides in zip(group, overrides, strict=True):
+                log.info(f"trial {trial.number} (job {trial.user_attrs['job']}): {' '.join(job_overrides)}")
+            returns += list(self.launcher.launch(overrides, initial_job_idx=first))
+        for trial in batch:
+            value, reason = self._outcome(trial.user_attrs["job"])
+            if value is None:
+                log.warning(f"trial {trial.number} failed: {reason}")
+                study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            else:
+                log.info(f"trial {trial.number}: {self.config.objective.metric}={value:.6g}")
+                study.tell(trial.number, value, skip_if_finished=True)
+        return returns
+
+    def _check_same_space(self, study: Any, space: dict[str, Dimension]) -> None:
+        """A continued study keeps each parameter's kind and choices (Optuna refuses them changed mid-study)."""
+        for trial in study.trials:
+            for key, before in trial.distributions.items():
+                if (now := space.get(key)) is None:
+                    continue
+                if type(now.distribution) is not type(before) or (
+                    hasattr(before, "choices") and now.distribution != before
+                ):
+                    raise UserError(
+                        f"the study {self.study_name} searched {key} as {before}, now {now.distribution}; "
+                        "search the same space to continue it, or set hydra.sweeper.study_name to start another"
+                    )
+
+    @staticmethod
+    def _consecutive(jobs: list[int], trials: list[Any]) -> list[tuple[int, list[Any]]]:
+        groups: list[tuple[int, list[Any]]] = []
+        for job, trial in sorted(zip(jobs, trials, strict=True), key=lambda pair: pair[0]):
+            if groups and groups[-1][0] + len(groups[-1][1]) == job:
+                groups[-1][1].append(trial)
+            else:
+                groups.append((job, [trial]))
+        return groups
+
+    # -- the space ----------------------------------------------------------------------------------
+
+    def _split(self, arguments: list[str]) -> tuple[list[str], dict[str, Dimension]]:
+        """Overrides every trial gets, and the searched dimensions (the command line's win over the preset's)."""
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        preset = [f"{key}={value}" for key, value in self.params.items()]
+        try:
+            parsed = parser.parse_overrides(preset + list(arguments))
+        except Exception as err:
+            raise UserError(f"cannot read the search space: {str(err).strip().splitlines()[0]}") from None
+        fixed: dict[str, str] = {}
+        space: dict[str, Dimension] = {}
+        for override in parsed:
+            key = override.get_key_element()
+            fixed.pop(key, None)
+            space.pop(key, None)
+            if override.is_sweep_override():
+                space[key] = to_dimension(override)
+            else:
+                fixed[key] = override.input_line
+        if not space:
+            raise UserError(
+                "nothing to search: give hydra.sweeper.params or a sweep override such as "
+                "optim.lr='tag(log, interval(1e-4, 1e-1))'"
+            )
+        return list(fixed.values()), space
+
+    def _feasible(self, dim: Dimension, fixed: list[str]) -> Dimension:
+        """The dimension without the choices the resource plan refuses (checked with every other key as given)."""
+        import optuna.distributions as dist
+
+        if not isinstance(dim.distribution, dist.CategoricalDistribution):
+            # An interval is kept when either end can run (a misspelt key cannot: refused here, once).
+            ends = [dim.distribution.low, dim.distribution.high]
+            reasons = [self._refusal([*fixed, override_text(dim.key, value)]) for value in ends]
+            if all(reasons):
+                raise UserError(f"{dim.key} cannot be searched: {reasons[0]}")
+            return dim
+        kept = []
+        for value in dim.distribution.choices:
+            if (reason := self._refusal([*fixed, override_text(dim.key, value)])) is None:
+                kept.append(value)
+            else:
+                log.warning(f"{dim.key}={value} left out of the search: {reason}")
+        if not kept:
+            raise UserError(f"every value of {dim.key} is refused; the last: {reason}")
+        return Dimension(dim.key, dist.CategoricalDistribution(kept))
+
+    def _overrides(self, params: dict[str, Any]) -> list[str]:
+        return [*self.fixed, *(override_text(key, value) for key, value in params.items())]
+
+    def _refusal(self, overrides: list[str]) -> str | None:
+        """Why the job with these overrides cannot run (its config or its plan), or None."""
+        from hydralight.config.schema import explain
+        from hydralight.launch.launchers import job_resources
+
+        try:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        except Exception as err:
+            return explain(err, overrides)
+        try:
+            job_resources(cfg, self.executor)
+        except UserError as err:
+            return str(err)
+        return None
+
+    # -- results ------------------------------------------------------------------------------------
+
+    def _next_job_number(self) -> int:
+        numbers = [int(p.name) for p in self.sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+        # Submitted jobs that have not made their dir yet.
+        numbers += [int(n) for n in read_json(self.files.jobs) or {} if n.isdigit()]
+        return max(numbers, default=-1) + 1
+
+    def _outcome(self, job: str) -> tuple[float | None, str | None]:
+        """A trial's objective from its job's results, or why there is none (from its manifest)."""
+        outcome = read_job(self.files.job(job).path)
+        metric, value = outcome.objective
+        if outcome.results is not None:
+            if value is not None:
+                return value, None
+            return (
+                None,
+                f"{metric or self.config.objective.metric} is {(outcome.results.get('objective') or {}).get('value')} (never validated?)",
+            )
+        if outcome.manifest:
+            return None, f"{outcome.status}: {outcome.reason or '-'}"
+        where = f"{self.sweep_dir / '.submitit'}" if hasattr(self.launcher, "_EXECUTOR") else "the output above"
+        return None, f"the job wrote no result; see its log in {where}"
+
+    def _write_results(self, study: Any) -> None:
+        import optuna
+
+        trials = []
+        for t in study.trials:
+            job = t.user_attrs.get("job")
+            reason = t.user_attrs.get("reason")
+            if t.state == optuna.trial.TrialState.FAIL and reason is None and job is not None:
+                reason = self._outcome(job)[1]
+            trials.append({"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+                           "job": job, "reason": reason})  # fmt: skip
+        best = None
+        if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+            b = study.best_trial
+            overrides = b.user_attrs.get("overrides") or self._overrides(b.params)
+            best = {"number": b.number, "value": b.value, "params": b.params, "job": b.user_attrs.get("job"),
+                    "command": reproduce_command(overrides)}  # fmt: skip
+        objective = {"metric": str(self.config.objective.metric), "direction": str(self.config.objective.direction)}
+        summary = {
+            "objective": objective,
+            "study_name": self.study_name,
+            "storage": self.storage,
+            "fixed": self.fixed,
+            "space": {key: dim.describe() for key, dim in self.space.items()},
+            "trials": trials,
+            "best": best,
+        }
+        self.files.search.write_text(json.dumps(summary, indent=2) + "\n")
+        if best is not None:
+            job = self.files.job(best["job"])
+            test = (read_json(job.results) or {}).get("test") or {}
+            best_file = {**objective, **best, "job_dir": str(job.path), "test": test}
+            self.files.best.write_text(yaml.safe_dump(best_file, sort_keys=False))

@@ -1,0 +1,166 @@
+"""Every place the project reaches into Lightning's internals, behind one wall.
+
+Each function says why no public API does the job and what it touches; all were checked against
+pytorch-lightning 2.6 (the pin in pyproject.toml stops at 2.7). tests/test_private_apis.py exercises each
+touch the way the project uses it and names this module when one moves.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+CHECKED_WITH = "pytorch-lightning 2.6"
+
+# -- the training loop's progress -----------------------------------------------------------------------
+
+
+def micro_batches_done(trainer: pl.Trainer) -> int:
+    """Micro-batches trained in the current epoch (a resumable loader's position). The loop's progress
+    counters have no public accessor; `trainer.fit_loop.epoch_loop.batch_progress.current.processed`."""
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+def epoch_complete(trainer: pl.Trainer) -> bool:
+    """Whether the epoch ran to its last batch, not cut by a step budget (`batch_progress.is_last_batch`;
+    `trainer.is_last_batch` is reset once the epoch ends)."""
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
+def align_logging_step(trainer: pl.Trainer) -> None:
+    """Keep Lightning's logging step equal to the optimizer step. A restart at an epoch boundary can leave
+    `fit_loop.epoch_loop._batches_that_stepped` one ahead, and a resumed run would log one step off from an
+    uninterrupted one; it has no public setter."""
+    trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
+
+
+def validate_now(trainer: pl.Trainer) -> None:
+    """Run a validation pass inside `fit`, after its last step (one stopped between validations), logged at
+    the last step's index as an epoch-end validation is. `trainer.validate()` cannot run inside `fit`; the
+    epoch loop's `val_loop.run()` and `_batches_that_stepped` can."""
+    loop = trainer.fit_loop.epoch_loop
+    stepped = loop._batches_that_stepped
+    loop._batches_that_stepped = trainer.global_step - 1
+    trainer.validating = True
+    try:
+        loop.val_loop.run()
+    finally:
+        trainer.training = True
+        loop._batches_that_stepped = stepped
+
+
+def log_step_metrics_now(trainer: pl.Trainer) -> None:
+    """Hand this step's logged metrics to the loggers now: Lightning does it right after
+    `on_train_batch_end`, which a run stopping at this step skips
+    (`trainer._logger_connector.update_train_step_metrics`)."""
+    trainer._logger_connector.update_train_step_metrics()
+
+
+def forget_train_loader(trainer: pl.Trainer) -> None:
+    """Let `fit` build the training loader again. `trainer.estimated_stepping_batches` (read in a module's
+    `configure_optimizers`) builds it before a checkpoint is restored, and Lightning then never gives it the
+    saved position in the epoch (`fit_loop._combined_loader`)."""
+    trainer.fit_loop._combined_loader = None
+
+
+# -- the loop state inside a checkpoint -------------------------------------------------------------
+
+
+def _fit_state(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    return (checkpoint.get("loops") or {}).get("fit_loop")
+
+
+def loader_state_saved(checkpoint: dict[str, Any]) -> bool:
+    """Whether the checkpoint holds the training loader's position (a stateful loader: `state_dict` and
+    `load_state_dict`); Lightning keeps it under the fit loop's `combined_loader`."""
+    fit = _fit_state(checkpoint)
+    return bool(fit and (fit.get("state_dict") or {}).get("combined_loader"))
+
+
+def mid_epoch(checkpoint: dict[str, Any]) -> bool:
+    """Whether the checkpoint was taken inside an epoch (some of its batches trained, not all)."""
+    fit = _fit_state(checkpoint)
+    if not fit:
+        return False
+    batches = fit["epoch_loop.batch_progress"]
+    return batches["current"]["completed"] > 0 and not batches["is_last_batch"]
+
+
+def record_loop_state(checkpoint: dict[str, Any], form: str, global_step: int) -> None:
+    """Record in a checkpoint being written where training really stopped. Lightning marks an epoch as
+    finished when `fit` stops, also in the middle of one (a step budget), and a checkpoint taken then would
+    resume into the next epoch, skipping the rest of the current one.
+
+    `boundary`: the epoch is done and the next not begun (a resumed run starts the next epoch at its first
+    batch). `stopped`: as if saved right after the last optimizer step (the form periodic checkpoints have;
+    a resumed run continues the same epoch with the next batch). `epoch start`: the epoch's progress
+    rewound to its first batch (a loader without a position can only start the epoch over).
+    """
+    fit = _fit_state(checkpoint)
+    if fit is None:
+        return
+    epochs, batches = fit["epoch_progress"], fit["epoch_loop.batch_progress"]
+    if form == "boundary":
+        for part in ("total", "current"):
+            epochs[part].update(dict.fromkeys(("ready", "processed", "completed"), epochs[part]["started"]))
+        batches["current"] = dict.fromkeys(batches["current"], 0)
+        batches["is_last_batch"] = False
+        checkpoint["epoch"] = epochs["current"]["started"]
+    elif form == "stopped":
+        for part in ("total", "current"):
+            epochs[part]["processed"] = epochs[part]["completed"] = epochs[part]["started"] - 1
+            batches[part]["completed"] = batches[part]["processed"] - 1
+        fit["epoch_loop.state_dict"]["_batches_that_stepped"] = global_step - 1
+        checkpoint["epoch"] = epochs["current"]["started"] - 1
+    elif form == "epoch start":
+        batches["current"] = dict.fromkeys(batches["current"], 0)
+        batches["is_last_batch"] = False
+    else:
+        raise ValueError(f"unknown loop state form {form!r}")
+
+
+# -- DDP ranks started from a saved plan --------------------------------------------------------------
+
+
+class JobScriptLauncher(_SubprocessScriptLauncher):
+    """Starts ranks 1..N-1 of this node as `python -m hydralight.worker <plan file>` instead of re-executing
+    `sys.argv`, which under `python train.py -m ...` would replay the whole sweep in every rank. Lightning has
+    no public hook for the command of its child processes: the private launcher's `_call_children_scripts`."""
+
+    def __init__(self, *args: Any, plan_file: Path, children: list[subprocess.Popen], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.plan_file = plan_file
+        self.children = children
+
+    def _call_children_scripts(self) -> None:
+        self._check_can_spawn_children()
+        self.procs = []
+        env = self.cluster_environment
+        os.environ.update(
+            MASTER_ADDR=env.main_address,
+            MASTER_PORT=str(env.main_port),
+            NODE_RANK=str(env.node_rank()),
+            LOCAL_RANK=str(env.local_rank()),
+            WORLD_SIZE=str(self.num_processes * self.num_nodes),
+        )
+        for local_rank in range(1, self.num_processes):
+            child_env = {**os.environ, "LOCAL_RANK": str(local_rank)}
+            command = [sys.executable, "-m", "hydralight.worker", str(self.plan_file)]
+            self.procs.append(subprocess.Popen(command, env=child_env))
+        self.children.extend(self.procs)
+
+
+def start_ranks_from_plan(strategy: Any, plan_file: Path, children: list[subprocess.Popen]) -> None:
+    """Called from a DDP strategy's `_configure_launcher`: swap the script launcher Lightning configured
+    (`strategy._launcher`) for one that runs the saved plan."""
+    if isinstance(strategy._launcher, _SubprocessScriptLauncher):
+        strategy._launcher = JobScriptLauncher(
+            strategy.cluster_environment, strategy.num_processes, strategy.num_nodes,
+            plan_file=plan_file, children=children,
+        )  # fmt: skip

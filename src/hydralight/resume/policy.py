@@ -1,0 +1,270 @@
+"""Resume decisions in one place: what a run starts from and whether it may.
+
+The run plan names the checkpoint (hydralight.config.resolve: this run's own last.ckpt wins once it exists,
+then `ckpt_path`; `resume=never`; `resume=RUN_DIR`; a finished run does nothing). Here, before anything is
+written, that checkpoint is read without running pickled code and checked against the module this run
+builds: the same module and network, the same data sizes and global batch, the same hyperparameters
+(a new learning rate is the one change a continued run may make, hydralight.resume.state). `init_from`
+loads weights only; `mode=eval` rebuilds the module a checkpoint holds. Every refusal is one line that
+names the way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from hydralight.config.binding import accepted_arguments
+from hydralight.config.legacy import upgraded
+from hydralight.config.plan import ModelPlan, RunPlan
+from hydralight.config.resolve import CLASSIFIER
+from hydralight.errors import UserError
+from hydralight.resume.state import RECORD, ResumeState, plain_hparams, plain_value
+from hydralight.training.modules import build_module, module_class
+
+log = logging.getLogger(__name__)
+
+# A module's hyperparameters and the config keys a user changes them with, for messages.
+CONFIG_KEYS = {"lr": "optim.lr", "optimizer": "optim.optimizer", "scheduler": "optim.scheduler", "net": "model.net"}
+# Sizes of data a module was trained for; older classifier checkpoints hold MNIST's implicitly.
+SIZE_DEFAULTS = {"num_classes": 10, "input_shape": [1, 28, 28]}
+
+
+def describe(spec: Any) -> str:
+    """A `_target_` config in one short phrase: `Adam(weight_decay=0.0)`, `MLP(hidden=[128, 256])`."""
+    if not isinstance(spec, dict):
+        return str(spec) if spec is not None else "no model config"
+    target = str(spec.get("_target_", "?")).rsplit(".", 1)[-1]
+    args = ", ".join(f"{k}={v}" for k, v in spec.items() if not k.startswith("_"))
+    return f"{target}({args})"
+
+
+@contextlib.contextmanager
+def _readable(path: Path, label: str) -> Iterator[None]:
+    """Turn a missing file, or any failure to load it, into one clear line naming `label`."""
+    if not path.is_file():
+        raise UserError(f"{label} does not exist; pass the .ckpt file of a run (its checkpoints/ folder)")
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as err:  # arbitrary bytes make torch.load fail in arbitrary ways
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{label} is not a checkpoint of this project ({reason[:200]})") from None
+
+
+def read_checkpoint(path: str | Path, label: str | None = None) -> dict[str, Any]:
+    """A checkpoint's contents, loaded without running pickled code (tensors and plain containers only)."""
+    path = Path(path)
+    with _readable(path, label or str(path)):
+        contents = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if not isinstance(contents, dict) or "state_dict" not in contents:
+            raise ValueError("no model weights in it")
+        return contents
+
+
+def saved_hparams(contents: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's hyperparameters as plain data (tuples as lists), with moved `_target_`s upgraded."""
+    return plain_value(upgraded(dict(contents.get("hyper_parameters") or {})))
+
+
+def record_of(contents: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint says it holds: module, model config, data sizes, global batch (older classifier
+    checkpoints: from their hyperparameters)."""
+    if RECORD in contents:
+        return plain_value(upgraded(contents[RECORD]))
+    hparams = saved_hparams(contents)
+    sizes = {key: hparams.get(key, default) for key, default in SIZE_DEFAULTS.items()}
+    return {"module": CLASSIFIER if "net" in hparams else None, "model": None, "sizes": sizes, "global_size": None}
+
+
+class Resume:
+    """The run's resume decision, checked and carried out: `prepare` before anything is written, `callback`
+    for what checkpoints save and a continued run applies, `ckpt_path` for `fit`."""
+
+    def __init__(self, plan: RunPlan) -> None:
+        self.plan = plan
+        self.decision = plan.resume
+
+    @property
+    def ckpt_path(self) -> str | None:
+        return self.decision.continue_from
+
+    def record(self, sizes: dict[str, Any]) -> dict[str, Any]:
+        """What this run's checkpoints say they hold: the module and its config, the data sizes and global
+        batch it is trained for, and the project's options applied to it."""
+        return {
+            "module": self.plan.model.spec.get("_target_"),
+            "model": self.plan.model.spec,
+            "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()},
+            "global_size": self.plan.task.global_size,
+            "options": {
+                "invariant_dropout": self.plan.model.invariant_dropout,
+                "global_batchnorm": self.plan.global_batchnorm,
+            },  # fmt: skip
+        }
+
+    def callback(self, sizes: dict[str, Any], into: dict[str, Any]) -> ResumeState:
+        return ResumeState(self.record(sizes), into)
+
+    # -- before anything is written -------------------------------------------------------------------
+
+    def prepare(self, module: pl.LightningModule, sizes: dict[str, Any]) -> None:
+        """Check the checkpoint `fit` continues from against this run's module; load `init_from`'s weights."""
+        decision = self.decision
+        if decision.continue_from is not None:
+            path = Path(decision.continue_from)
+            contents = self._own(path) if decision.own else read_checkpoint(path, f"ckpt_path={path}")
+            if decision.own:
+                given = decision.ckpt_path
+                started = (
+                    f", not from ckpt_path={given}, which started it"
+                    if given and Path(given).resolve() != path.resolve()
+                    else ""
+                )
+                log.info(f"continuing from this run's own {path} (step {contents.get('global_step')}){started}")
+            self._check_compatible(contents, module, sizes, path, continuing=True)
+        elif decision.init_from:
+            path = Path(decision.init_from)
+            contents = read_checkpoint(path, f"init_from={path}")
+            self._check_compatible(contents, module, sizes, f"init_from={path}", continuing=False)
+            try:
+                module.load_state_dict(contents["state_dict"])
+            except RuntimeError as err:
+                first = str(err).strip().splitlines()[1:2] or [str(err)]
+                raise UserError(
+                    f"init_from={path}: its weights do not fit this model ({first[0].strip()[:200]})"
+                ) from None
+
+    def _own(self, path: Path) -> dict[str, Any]:
+        """The run dir's last.ckpt; unreadable, it is left as it is and the ways out are named."""
+        try:
+            contents = read_checkpoint(path)
+            if not {"state_dict", "loops"} <= contents.keys():
+                raise UserError(f"{path} is not a checkpoint of this project (no training state in it)")
+            return contents
+        except UserError as err:
+            older = sorted((p for p in path.parent.glob("*.ckpt") if p != path), key=lambda p: p.stat().st_mtime)
+            fallback = f", or continue from an older checkpoint of this run: ckpt_path={older[-1]}" if older else ""
+            raise UserError(
+                f"{err} (this run's own checkpoint, left untouched); to start the run over add resume=never "
+                f"(it will then be replaced), or move the file away{fallback}"
+            ) from None
+
+    def _check_compatible(
+        self, contents: dict[str, Any], module: pl.LightningModule, sizes: dict[str, Any], source: Any, continuing: bool
+    ) -> None:
+        then = record_of(contents)
+        target = self.plan.model.spec.get("_target_")
+        then_hparams = saved_hparams(contents)
+        now_hparams = plain_hparams(module.hparams, self.plan.model.spec)
+        way_out = "pick the matching model=..., or start fresh with resume=never / another run dir"
+        if "net" in then_hparams or "net" in now_hparams:  # the built-in classifier: its network is the model
+            if then_hparams.get("net") != now_hparams.get("net"):
+                raise UserError(
+                    f"{source} holds another model ({describe(then_hparams.get('net'))}) than this run "
+                    f"({describe(now_hparams.get('net'))}); {way_out}"
+                )
+        elif then["module"] is not None and then["module"] != target:
+            raise UserError(f"{source} holds another module ({then['module']}) than this run ({target}); {way_out}")
+        saved_sizes = {k: v for k, v in (then.get("sizes") or {}).items() if k in sizes}
+        now_sizes = {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items() if k in saved_sizes}
+        if saved_sizes != now_sizes:
+            shown = lambda s: ", ".join(f"{k} {v}" for k, v in sorted(s.items()))  # noqa: E731
+            raise UserError(
+                f"{source} was trained on data with {shown(saved_sizes)}, this run's data has {shown(now_sizes)}; "
+                "pick the data it was trained on, or start a new run dir"
+            )
+        if not continuing:
+            return
+        size = then.get("global_size")
+        if size is not None and size != self.plan.task.global_size:
+            raise UserError(
+                f"{source} was trained with a global batch of {size}, this run uses {self.plan.task.global_size}; "
+                f"continue with batch.global_size={size}, or start a new run from its weights with "
+                f"init_from={source} resume=never"
+            )
+        fresh = f"or start a new run from its weights with a fresh optimizer: init_from={source} resume=never"
+        for key in sorted(set(then_hparams) & set(now_hparams) - {"lr"}):
+            if then_hparams[key] != now_hparams[key]:
+                name = CONFIG_KEYS.get(key, f"model.{key}")
+                raise UserError(
+                    f"{name} differs from the one {source} was trained with ({describe(then_hparams[key])}, now "
+                    f"{describe(now_hparams[key])}); keep it to continue that run, {fresh}"
+                )
+
+    # -- mode=eval ------------------------------------------------------------------------------------
+
+    def module_to_test(self, sizes: dict[str, Any]) -> tuple[pl.LightningModule, ModelPlan]:
+        """The module a checkpoint holds, rebuilt from its own record (an older classifier checkpoint: from its
+        hyperparameters), with its weights; and the model slice it was built from (the run's records name it)."""
+        path = Path(str(self.decision.ckpt_path))
+        contents = read_checkpoint(path, f"ckpt_path={path}")
+        model = model_of(contents, self.plan.model)
+        module = rebuild(contents, model, sizes, f"ckpt_path={path}")
+        self._check_compatible(contents, module, sizes, f"ckpt_path={path}", continuing=False)
+        return module, model
+
+
+def model_of(contents: dict[str, Any], fallback: ModelPlan) -> ModelPlan:
+    """The model slice a checkpoint was trained with: its record's config (an older classifier checkpoint: its
+    hyperparameters), else `fallback`'s config (a module that records nothing)."""
+    then = record_of(contents)
+    hparams = saved_hparams(contents)
+    if then.get("model"):
+        spec = dict(then["model"])
+    elif then["module"] == CLASSIFIER:
+        names, _ = accepted_arguments(module_class({"_target_": CLASSIFIER}))
+        # Its own arguments; the plan's values and the data sizes reach it as they reach any module.
+        names -= {"lr", "optimizer", "scheduler", *SIZE_DEFAULTS}
+        spec = {"_target_": CLASSIFIER, "_recursive_": False, **{k: v for k, v in hparams.items() if k in names}}
+    else:
+        spec = dict(fallback.spec)
+    trained = {k: v for k, v in hparams.items() if k in ("lr", "optimizer", "scheduler")}
+    options = then.get("options") or {}
+    return dataclasses.replace(
+        fallback,
+        spec=spec,
+        offered={**fallback.offered, **trained},
+        explicit={},
+        replaced=None,
+        invariant_dropout=options.get("invariant_dropout", fallback.invariant_dropout),
+    )
+
+
+def rebuild(contents: dict[str, Any], model: ModelPlan, sizes: dict[str, Any], label: str) -> pl.LightningModule:
+    """The module of `model` for the data sizes it was trained on, with the checkpoint's weights."""
+    from hydralight.training.invariance import make_invariant
+
+    saved = (record_of(contents).get("sizes")) or {}
+    module = build_module(model, {**sizes, **saved})
+    options = record_of(contents).get("options") or {}
+    make_invariant(module, model.invariant_dropout, bool(options.get("global_batchnorm", False)))
+    load_weights(module, contents, label)
+    return module
+
+
+def load_weights(module: pl.LightningModule, contents: dict[str, Any], label: str) -> None:
+    try:
+        module.load_state_dict(contents["state_dict"])
+    except RuntimeError as err:  # missing or unexpected keys, other shapes
+        first = [line.strip() for line in str(err).splitlines() if line.strip()][1:2] or [str(err)]
+        raise UserError(f"{label}: its weights do not fit this model ({first[0][:200]})") from None
+
+
+def load_module(path: str | Path) -> pl.LightningModule:
+    """The module a checkpoint of this project holds, with its weights, outside a run (read without running
+    pickled code): `load_module("outputs/.../checkpoints/last.ckpt")`."""
+    contents = read_checkpoint(path)
+    then = record_of(contents)
+    if not then.get("model") and then["module"] is None:
+        raise UserError(f"{path} does not say which module it holds; build the module yourself and load its state_dict")
+    fallback = ModelPlan(spec={}, offered={})
+    return rebuild(contents, model_of(contents, fallback), dict(then.get("sizes") or {}), f"checkpoint={path}")

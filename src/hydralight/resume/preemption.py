@@ -1,0 +1,104 @@
+"""Ending a run on request (the cluster's warning signal, SIGTERM, Ctrl-C) with a checkpoint.
+
+One owner for these signals: this callback. A handler only records the signal; at a step boundary the
+ranks agree (hydralight.resume.agreement: at the next step in one process, within about a second in several),
+save `last.ckpt` together, rank 0 asks SLURM to requeue the job when the signal was the
+time-limit/preemption warning, and every rank exits. Saving inside
+the handler instead (as Lightning's SLURM handler does) can run in the middle of an optimizer step or
+a collective and write a torn checkpoint or hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from types import FrameType
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import Callback
+
+from hydralight.lightning_internals import log_step_metrics_now
+from hydralight.resume.agreement import agreement
+from hydralight.resume.last_checkpoint import at_step_boundary
+from hydralight.rundir.layout import RunDir
+from hydralight.training.checkpoint_io import write_checkpoint
+
+log = logging.getLogger(__name__)
+
+NONE, STOP, REQUEUE = 0, 1, 2
+
+
+class Interrupted(SystemExit):
+    """Raised on every rank after the checkpoint is saved; SystemExit so no result is recorded as final."""
+
+
+class Preemption(Callback):
+    """Checkpoint-and-exit on SIGTERM/SIGINT, checkpoint-requeue-and-exit on the SLURM warning signal.
+
+    `requeue_signal` is what the job was told to expect before its time limit or preemption
+    (submitit asks SLURM for SIGUSR2 `signal_delay_s` seconds ahead). `max_requeues` bounds the
+    requeues of one job (SLURM counts them in SLURM_RESTART_COUNT).
+    """
+
+    def __init__(self, run_dir: str, requeue_signal: str = "SIGUSR2", max_requeues: int = 3) -> None:
+        self.checkpoint_path = RunDir.at(run_dir).last
+        self.requeue_signal = signal.Signals[requeue_signal]
+        self.max_requeues = max_requeues
+        self.requested = NONE
+        self._previous: dict[signal.Signals, Any] = {}
+        self._sigints = 0
+
+    # Signal side: record only.
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            self._sigints += 1
+            if self._sigints > 1:  # a second Ctrl-C means now
+                raise KeyboardInterrupt
+        wanted = REQUEUE if signum == self.requeue_signal else STOP
+        self.requested = max(self.requested, wanted)
+        log.warning(f"received {signal.Signals(signum).name}: checkpointing at the next step boundary")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Runs after Lightning (and submitit) installed theirs: from here this callback owns them.
+        for signum in (signal.SIGTERM, signal.SIGINT, self.requeue_signal):
+            self._previous[signum] = signal.signal(signum, self._handler)
+        agreement(trainer).register("signal", lambda: self.requested)  # the strongest request over ranks
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    # Training side: act at a step boundary, all ranks together.
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if not at_step_boundary(trainer, args[-1]):
+            return  # mid-accumulation: the next boundary is a few micro-batches away
+        requested = agreement(trainer).agreed(trainer, pl_module)["signal"]
+        if requested == NONE:
+            return
+        # This step's metrics are logged right after this hook, which the exit below skips: log them now,
+        # or the resumed run (which starts at the next step) would leave a hole in the history.
+        log_step_metrics_now(trainer)
+        write_checkpoint(trainer, self.checkpoint_path)
+        requeued = requested == REQUEUE and trainer.is_global_zero and self._requeue()
+        what = "requeued" if requeued else "stopped"
+        log.warning(f"checkpoint saved at step {trainer.global_step} to {self.checkpoint_path}; run {what}")
+        raise Interrupted(0 if requeued else 128 + signal.SIGTERM)
+
+    def _requeue(self) -> bool:
+        job = os.environ.get("SLURM_JOB_ID")
+        if job is None:
+            return False
+        if array := os.environ.get("SLURM_ARRAY_JOB_ID"):
+            job = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        if restarts >= self.max_requeues:
+            log.warning(f"job {job} was requeued {restarts} times already (max {self.max_requeues}); not again")
+            return False
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        if result.returncode:
+            log.error(f"scontrol requeue {job} failed: {result.stderr.strip()}")
+        return result.returncode == 0

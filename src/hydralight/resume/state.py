@@ -1,0 +1,137 @@
+"""What a checkpoint carries beyond Lightning's own state, and what a continued run checks and applies once
+Lightning has restored it: for any module, by callback.
+
+Saved: the run's record (which module, built from which config, for which data sizes and global batch),
+the random state (a resumed run draws the same dropout masks as an uninterrupted one), and the
+hyperparameters as plain data (a module built by Hydra holds objects in them; the checkpoint stays readable
+with `weights_only=True`). On loading: the loop state of a loader without a position is rewound to the
+start of its epoch; a schedule of another length is refused; a new learning rate is applied to the
+restored optimizer when no schedule sets the rates, refused otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from hydralight.errors import UserError
+from hydralight.lightning_internals import forget_train_loader, loader_state_saved, mid_epoch, record_loop_state
+
+log = logging.getLogger(__name__)
+
+RECORD = "hydralight"
+# Scheduler state that fixes the schedule's length (OneCycleLR, CosineAnnealingLR).
+LENGTH_KEYS = ("total_steps", "T_max")
+PLAIN = (type(None), bool, int, float, str)
+
+
+def plain_value(value: Any, spec: Any = None) -> Any:
+    """`value` as plain data (numbers, strings, lists, dicts): an object built from a config (a network, a
+    `_partial_` optimizer) is saved as that config, `spec`, or else by its type's name."""
+    if isinstance(value, PLAIN):
+        return value
+    if isinstance(value, list | tuple):
+        return [plain_value(v) for v in value]
+    if isinstance(value, dict):
+        return {
+            str(k): plain_value(v, (spec or {}).get(k) if isinstance(spec, dict) else None) for k, v in value.items()
+        }
+    if spec is not None:
+        return spec
+    kind = type(value)
+    return f"<{kind.__module__}.{kind.__qualname__}>"
+
+
+def plain_hparams(hparams: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """A module's hyperparameters as plain data, objects replaced by the config they were built from."""
+    return {str(k): plain_value(v, spec.get(k)) for k, v in dict(hparams).items()}
+
+
+class ResumeState(pl.Callback):
+    """Saves the run's record, the random state and plain hyperparameters into every checkpoint; checks and
+    applies a continued run's changes once Lightning restored the checkpoint (see the module)."""
+
+    def __init__(self, record: dict[str, Any], into: dict[str, Any]) -> None:
+        self.record = record  # module, model spec, data sizes, global batch: what a continued run is checked against
+        self.into = into  # the run's results: how it continued
+        self._restored_schedulers: list[dict[str, Any]] = []
+        self._saved_lr: float | None = None
+        self._apply_lr: tuple[float, float] | None = None
+
+    # -- saving ---------------------------------------------------------------------------------------
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        checkpoint[RECORD] = self.record
+        checkpoint["rng"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            checkpoint["rng"]["cuda"] = torch.cuda.get_rng_state_all()
+        spec = self.record.get("model") or {}
+        for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+            if key in checkpoint:
+                checkpoint[key] = plain_hparams(checkpoint[key], spec if key == "hyper_parameters" else {})
+
+    # -- loading --------------------------------------------------------------------------------------
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        rng = checkpoint.get("rng", {})
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        if trainer.state.fn != "fit":
+            return
+        if mid_epoch(checkpoint) and not loader_state_saved(checkpoint):
+            # The training loader keeps no position: the epoch it stopped in starts over.
+            record_loop_state(checkpoint, "epoch start", checkpoint.get("global_step", 0))
+            self.into["resumed_at"] = "the start of the epoch (the training loader keeps no position in it)"
+            log.info("the training loader keeps no position inside an epoch: continuing from the start of the epoch")
+        elif mid_epoch(checkpoint):
+            self.into["resumed_at"] = "inside the epoch, after its last trained batch"
+        self._restored_schedulers = list(checkpoint.get("lr_schedulers", []))
+        self._saved_lr = (checkpoint.get("hyper_parameters") or {}).get("lr")
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Runs after `configure_optimizers` and before Lightning restores the optimizers and the loop.
+        if not trainer.ckpt_path:
+            return
+        forget_train_loader(trainer)
+        source = trainer.ckpt_path
+        for config in trainer.lr_scheduler_configs:
+            state = config.scheduler.state_dict()
+            for saved in self._restored_schedulers:
+                for key in LENGTH_KEYS:
+                    now, then = state.get(key), saved.get(key)
+                    if now is not None and then is not None and now != then:
+                        raise UserError(
+                            f"{source} follows a {type(config.scheduler).__name__} schedule of {then} steps and this "
+                            f"run would take {now}: its length is fixed when training starts; keep "
+                            "trainer.max_epochs/max_steps as they were to continue it, or start a new run from its "
+                            f"weights with a fresh schedule: init_from={source} resume=never"
+                        )
+        new = pl_module.hparams.get("lr")
+        if self._saved_lr is None or new is None or new == self._saved_lr:
+            return
+        if trainer.lr_scheduler_configs:
+            raise UserError(
+                f"the learning rate {new:g} differs from {self._saved_lr:g} that {source} was trained with, and its "
+                "schedule set its rates when it started; keep optim.lr (and batch.global_size, with lr scaling) as "
+                f"they were, or start a new run from its weights with a fresh optimizer: init_from={source} resume=never"
+            )
+        self._apply_lr = (self._saved_lr, new)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._apply_lr is None:
+            return
+        old, new = self._apply_lr
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = new
+        log.info(f"learning rate {old:g} -> {new:g}: applied to the restored optimizer")
+        self._apply_lr = None

@@ -1,0 +1,67 @@
+"""Which launcher started this process (plain `python`, torchrun, SLURM's srun), its rank, and the run dir
+all ranks of one launch share. Read from the environment before Hydra composes anything."""
+
+from __future__ import annotations
+
+import os
+
+from hydralight.errors import UserError
+
+
+def external_launcher() -> str | None:
+    """`torchrun` or `slurm` when that launcher started one process per device, else None."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return "torchrun"
+    # srun with several tasks (submitit's jobs included).
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        return "slurm"
+    return None
+
+
+def global_rank() -> int:
+    """This process's rank as its launcher announced it, read in Lightning's order (a DDP child inside a
+    one-task SLURM allocation has LOCAL_RANK set but inherits SLURM_PROCID=0)."""
+    for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def is_rank_zero() -> bool:
+    return global_rank() == 0
+
+
+def shared_run_overrides(run_dir_given: bool) -> list[str]:
+    """Overrides that make every rank of an externally launched run share one run dir.
+
+    Hydra would give each rank its own time-stamped dir. The dir is named after the launch instead
+    (torchrun's run id and rendezvous port, or the SLURM job id, which a requeued job keeps), and
+    only rank 0 writes Hydra's record and log there.
+    """
+    launcher = external_launcher()
+    if launcher is None:
+        return []
+    extra = []
+    if not run_dir_given:
+        if launcher == "torchrun":
+            stamp = f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}-{os.environ.get('MASTER_PORT', '0')}"
+        else:
+            stamp = f"slurm-{os.environ.get('SLURM_ARRAY_JOB_ID', os.environ.get('SLURM_JOB_ID', '0'))}"
+        extra.append(f"hydra.run.dir=outputs/{stamp}")
+    if not is_rank_zero():
+        extra += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]
+    return extra
+
+
+def check_writable(folder: str) -> None:
+    """Refuse, before Hydra starts, a run or sweep dir that cannot be created or written."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        raise UserError(
+            f"cannot write run outputs to {folder} ({err.strerror}); run from a writable folder or set hydra.run.dir=..."
+        ) from None

@@ -1,0 +1,107 @@
+"""Every file name of a run dir and of a sweep dir, in one place: what a run writes, and where the next
+attempt, a sweep summary or a report finds it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# What a run writes before it has done anything: Hydra's record and log, our config, plan and manifest.
+CONFIG = "config.yaml"
+PLAN = "plan.yaml"
+MANIFEST = "manifest.json"
+LOCK = ".lock"
+HYDRA_RECORD = ".hydra"
+RECORD_ONLY = frozenset({HYDRA_RECORD, "multirun.yaml", CONFIG, PLAN, MANIFEST, LOCK})
+# What it writes while and after it trains.
+RESULTS = "results.json"
+CHECKPOINTS = "checkpoints"
+LAST = "last.ckpt"
+HISTORY = "csv/metrics.csv"
+RANKS = "ranks"
+# The sweep dir: jobs submitted (launchers), the search's trials and best, the study's storage.
+JOBS = "jobs.json"
+SEARCH = "search.json"
+BEST = "best.yaml"
+STUDY = "optuna.db"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The files of one run dir."""
+
+    path: Path
+
+    @classmethod
+    def at(cls, path: str | Path) -> RunDir:
+        return cls(Path(path))
+
+    @property
+    def config(self) -> Path:
+        """The resolved config the run was started with (what `resume=RUN_DIR` continues)."""
+        return self.path / CONFIG
+
+    @property
+    def plan(self) -> Path:
+        """The run plan (what extra DDP ranks run)."""
+        return self.path / PLAN
+
+    @property
+    def manifest(self) -> Path:
+        return self.path / MANIFEST
+
+    @property
+    def results(self) -> Path:
+        return self.path / RESULTS
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def last(self) -> Path:
+        """The checkpoint the run continues from: written whenever training may stop."""
+        return self.path / CHECKPOINTS / LAST
+
+    @property
+    def history(self) -> Path:
+        """Every logged metric, one row per step, kept across resumes."""
+        return self.path / HISTORY
+
+    @property
+    def lock(self) -> Path:
+        return self.path / LOCK
+
+    @property
+    def overrides(self) -> Path:
+        """Hydra's record of the job's command-line overrides."""
+        return self.path / HYDRA_RECORD / "overrides.yaml"
+
+    def rank_record(self, rank: int) -> Path:
+        return self.path / RANKS / f"rank{rank}.json"
+
+
+@dataclass(frozen=True)
+class SweepDir:
+    """The files of one sweep dir: numbered job dirs and what the launchers and the search write."""
+
+    path: Path
+
+    @property
+    def jobs(self) -> Path:
+        return self.path / JOBS
+
+    @property
+    def search(self) -> Path:
+        return self.path / SEARCH
+
+    @property
+    def best(self) -> Path:
+        return self.path / BEST
+
+    @property
+    def study(self) -> Path:
+        return self.path / STUDY
+
+    def job(self, number: int | str) -> RunDir:
+        return RunDir(self.path / str(number))

@@ -1,0 +1,185 @@
+"""The files that record what a run was and what it measured: config.yaml and plan.yaml at the start,
+manifest.json throughout, results.json at the end. Plain data in, files out: launchers and reports use it
+without torch or Lightning."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hydralight.rundir.layout import RECORD_ONLY, RunDir
+from hydralight.rundir.redaction import redact, redact_files
+
+PACKAGES = ("torch", "torchvision", "pytorch-lightning", "torchmetrics", "hydra-core", "omegaconf", "wandb", "submitit")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(redact(dict(data)), indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file's object; None when it is missing or unreadable (a record being written, an old format)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def save_config(run_dir: RunDir, config: Mapping[str, Any], plan: Mapping[str, Any]) -> None:
+    """Write the resolved config (what `resume=RUN_DIR` continues) and the run plan (what extra ranks run)."""
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    redact_files(run_dir.path / ".hydra")
+    run_dir.config.write_text(yaml.safe_dump(redact(dict(config)), sort_keys=False))
+    run_dir.plan.write_text(yaml.safe_dump(redact(dict(plan)), sort_keys=False))
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=Path(__file__).parent)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def versions() -> dict[str, str | None]:
+    import platform
+
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+class Manifest:
+    """`manifest.json`: what ran (command, overrides, code, packages, machine, plan) and what came out."""
+
+    def __init__(
+        self, run_dir: RunDir, plan: Mapping[str, Any], machine: Mapping[str, Any], overrides: list[str]
+    ) -> None:
+        self.path = run_dir.manifest
+        commit = _git("rev-parse", "HEAD")
+        self.data: dict[str, Any] = {
+            "status": "running",
+            "command": [sys.executable, *sys.argv],
+            "overrides": list(overrides),
+            "run_dir": str(run_dir.path),
+            "git": {"commit": commit, "dirty": bool(_git("status", "--porcelain")) if commit else None},
+            "versions": versions(),
+            "machine": dict(machine),
+            "plan": dict(plan),
+            "started_at": now(),
+            "finished_at": None,
+            "metrics": {},
+            "best_checkpoint": None,
+        }
+
+    def write(self, **updates: Any) -> dict[str, Any]:
+        self.data.update(updates)
+        write_json(self.path, self.data)
+        return self.data
+
+    def finish(self, status: str, **updates: Any) -> dict[str, Any]:
+        return self.write(status=status, finished_at=now(), **updates)
+
+
+def record_failure(run_dir: RunDir, reason: str, overrides: list[str] | None = None) -> None:
+    """Mark a job's manifest failed with its reason (writing a small one if the job was refused before it had one)."""
+    data = read_json(run_dir.manifest) or {"run_dir": str(run_dir.path), "overrides": overrides, "started_at": None}
+    if data.get("status") in (None, "running", "failed"):
+        data.update(status="failed", error=reason, finished_at=now())
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir.manifest, data)
+
+
+def discard_unused_run_dir(path: Path) -> bool:
+    """Remove a run dir that holds only its start-up record (a refused or plan-only run); keep anything else."""
+    if not path.is_dir():
+        return False
+    entries = list(path.iterdir())
+    if any(e.name not in RECORD_ONLY and e.suffix != ".log" for e in entries):
+        return False
+    for entry in entries:
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    path.rmdir()
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", path.parent.name):
+        with contextlib.suppress(OSError):  # the date folder Hydra made for it, when nothing else is in there
+            path.parent.rmdir()
+    return True
+
+
+class RunRecord:
+    """The record files of one run: config.yaml and plan.yaml at start, manifest.json throughout,
+    results.json at the end. Only the writer (rank 0) writes."""
+
+    def __init__(
+        self,
+        run_dir: RunDir,
+        config: Mapping[str, Any],
+        plan: Mapping[str, Any],
+        machine: Mapping[str, Any],
+        overrides: list[str],
+        writer: bool,
+    ) -> None:
+        self.run_dir = run_dir
+        self.writer = writer
+        self.extra: dict[str, Any] = {}  # what callbacks measured, for results.json and the manifest
+        self._manifest = None
+        if writer:
+            save_config(run_dir, config, plan)
+            self._manifest = Manifest(run_dir, plan, machine, overrides)
+            self._manifest.write()
+
+    @property
+    def manifest(self) -> dict[str, Any] | None:
+        return self._manifest.data if self._manifest else None
+
+    @contextlib.contextmanager
+    def timed(self, key: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.extra[key] = round(time.perf_counter() - start, 3)
+
+    def __enter__(self) -> RunRecord:
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, tb: Any) -> None:
+        if kind is not None and self._manifest is not None:
+            status = "interrupted" if isinstance(error, (SystemExit, KeyboardInterrupt)) else "failed"
+            reason = (
+                str(error).strip().splitlines()[0] if error is not None and str(error).strip() else type(error).__name__
+            )
+            self._manifest.finish(status, error=reason, **self.extra)
+
+    def finish(self, results: Mapping[str, Any]) -> None:
+        """Write results.json and mark the manifest finished (the writer only)."""
+        if not self.writer:
+            return
+        results = {**results, **self.extra}
+        write_json(self.run_dir.results, results)
+        if self._manifest is not None:
+            self._manifest.finish(
+                "finished", metrics=results.get("metrics", {}), best_checkpoint=results.get("best_checkpoint"),
+                **self.extra,
+            )  # fmt: skip

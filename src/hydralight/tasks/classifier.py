@@ -1,0 +1,202 @@
+"""The built-in task: a cross-entropy classifier around any network (`model.net`), trained like any other
+LightningModule the run is given. What every module gets (keyed dropout, the NaN stop, resume, the records)
+the core adds through callbacks; this module holds only what classification needs.
+
+The network, optimizer and schedule configs are saved as hyperparameters, so a checkpoint rebuilds its
+own architecture.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from torch import nn
+from torchmetrics import MeanMetric, SumMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from hydralight.errors import UserError
+from hydralight.tasks.nets import MNIST_SHAPE, build_net
+
+ADAM = {"_target_": "torch.optim.Adam", "_partial_": True}
+
+
+class Classifier(pl.LightningModule):
+    """Cross-entropy on batches `(x, y)` or `(x, y, ids)`: `y` class indices, `x` what the network takes.
+
+    `net` is the network's `_target_` spec (built here, sized by the data) or a network built already.
+    `lr` is the plan's (after batch-size scaling); `optimizer` and `scheduler` are `_partial_` specs
+    (`optim.*`): a scheduler's `max_lr`, `total_steps` or `T_max` are filled in from the run.
+    `compile`, `compile_mode` and `channels_last` say how the network runs, not what it is: they are left
+    out of checkpoints, which load anywhere.
+    """
+
+    def __init__(
+        self,
+        net: dict[str, Any] | nn.Module,
+        lr: float = 1.0e-3,
+        optimizer: dict[str, Any] | None = None,
+        scheduler: dict[str, Any] | None = None,
+        num_classes: int = 10,
+        input_shape: Sequence[int] = MNIST_SHAPE,
+        label_smoothing: float = 0.0,
+        compile: bool = False,
+        compile_mode: str = "default",
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        if not 0.0 <= label_smoothing < 1.0:
+            raise UserError(f"model.label_smoothing={label_smoothing} must be in [0, 1)")
+        self.save_hyperparameters(ignore=["compile", "compile_mode", "channels_last"])
+        if isinstance(net, nn.Module):  # built already (a config instantiated recursively): sized by its own config
+            self.net = net
+        else:
+            self.net = build_net(net, num_classes, input_shape)
+            num_classes = net.get("num_classes", num_classes)  # a size set in the network's config wins
+        self.compile_mode = compile_mode if compile else None
+        self.channels_last = channels_last
+        if channels_last:
+            self.net.to(memory_format=torch.channels_last)
+        # Kept out of the module tree: the state_dict keys stay the plain network's.
+        self.__dict__["_compiled"] = None
+        # The loss is checked for NaN by the run (a callback); the Metric's own check would sync with the GPU.
+        self.train_loss = MeanMetric(nan_strategy="disable")
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_{name}": metric
+                for stage in ("val", "test")
+                for name, metric in (
+                    ("loss", MeanMetric()),
+                    ("acc", MulticlassAccuracy(num_classes, average="micro")),
+                    ("samples", SumMetric()),  # proves each sample is counted once, whatever the world size
+                )
+            }
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The data arrives as float32; a 64-true or bf16-true network takes its own dtype.
+        x = x.to(self.dtype)
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self._runner()(x)
+
+    def _runner(self) -> nn.Module:
+        """The network, compiled on first use when asked (on the device it trains on, after DDP wrapped it)."""
+        if self.compile_mode is None:
+            return self.net
+        if self._compiled is None:
+            self.__dict__["_compiled"] = torch.compile(self.net, mode=self.compile_mode)
+        return self._compiled
+
+    @staticmethod
+    def inputs_and_labels(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(x, y)` of a batch; one clear line for a batch this task cannot train on."""
+        if isinstance(batch, tuple | list) and len(batch) in (2, 3) and all(torch.is_tensor(b) for b in batch[:2]):
+            x, y = batch[0], batch[1]
+            if y.dim() == 1 and not y.is_floating_point() and not y.is_complex() and len(y) == len(x):
+                return x, y
+            raise UserError(
+                f"the built-in classifier needs class indices as labels (one integer per sample); the data module's "
+                f"labels are {y.dtype} of shape {list(y.shape)}: for another task (regression, several targets) "
+                "train a LightningModule of your own (model._target_=...)"
+            )
+        raise UserError(
+            f"the built-in classifier trains on batches (inputs, labels) or (inputs, labels, ids); the data module "
+            f"yields {_describe(batch)}: train a LightningModule of your own on it (model._target_=...)"
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = self.inputs_and_labels(batch)
+        loss = F.cross_entropy(self(x), y, label_smoothing=self.hparams.label_smoothing)
+        # The step value is this rank's, logged as it is; the epoch value is reduced over all ranks and
+        # samples once per epoch (a Metric's forward on every step would cost more than the step itself).
+        self.train_loss.update(loss.detach(), len(y))
+        self._log_train_loss(loss.detach(), len(y))
+        return loss
+
+    def _log_train_loss(self, loss: torch.Tensor, batch_size: int) -> None:
+        """Hand the loss to Lightning only when it is used: a `self.log` costs more than a cheap step.
+
+        The step value at the steps Lightning writes to the loggers (every `trainer.log_every_n_steps`) and at
+        the last step before a validation or the end (curves of short runs have points, and the progress lines
+        show the latest); the epoch Metric once per epoch and trainer, which keeps it in the epoch's results
+        (Lightning computes and resets it at the epoch end) while `update` above accumulates every step.
+        """
+        trainer = self.trainer
+        step = self.global_step + 1  # the optimizer step this batch belongs to
+        last = trainer.is_last_batch or 0 < trainer.max_steps <= step or trainer.should_stop
+        validates = isinstance(trainer.val_check_batch, int) and step % max(1, trainer.val_check_batch) == 0
+        if last or validates or step % max(1, trainer.log_every_n_steps) == 0 or trainer.fast_dev_run:
+            self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch_size)
+        epoch = (id(trainer), self.current_epoch)
+        if getattr(self, "_train_loss_logged", None) != epoch:
+            self._train_loss_logged = epoch
+            self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True, batch_size=batch_size)
+
+    def _evaluate(self, stage: str, batch: Any) -> None:
+        x, y = self.inputs_and_labels(batch)
+        logits = self(x)
+        loss, acc, samples = (self.metrics[f"{stage}_{name}"] for name in ("loss", "acc", "samples"))
+        # Metric objects are synced over ranks at epoch end, weighted by samples, not averaged per rank.
+        loss(F.cross_entropy(logits, y), len(y))
+        acc(logits, y)
+        samples(len(y))
+        self.log(f"{stage}/loss", loss, on_epoch=True, batch_size=len(y))
+        self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=True, batch_size=len(y))
+        self.log(f"{stage}/samples", samples, on_epoch=True, batch_size=len(y))
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate("val", batch)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate("test", batch)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The epoch's running training loss, summed over ranks: a run resumed inside the epoch reports the
+        # same epoch mean as an uninterrupted one. Zero at an epoch boundary (the next epoch starts anew).
+        trainer = self.trainer
+        running = torch.stack([self.train_loss.mean_value, self.train_loss.weight]).double()
+        if trainer.world_size > 1:
+            running = trainer.strategy.reduce(running, reduce_op="sum")
+        inside_epoch = not trainer.is_last_batch and bool(running[1] > 0)
+        checkpoint["train_loss_running"] = (running if inside_epoch else torch.zeros(2)).tolist()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        total, weight = checkpoint.get("train_loss_running", (0.0, 0.0))
+        trainer = self._trainer
+        if trainer is not None and trainer.global_rank == 0:  # rank 0 carries it; the others start at zero
+            self.train_loss.mean_value = torch.tensor(total, dtype=self.train_loss.mean_value.dtype)
+            self.train_loss.weight = torch.tensor(weight, dtype=self.train_loss.weight.dtype)
+
+    def configure_optimizers(self) -> Any:
+        lr = self.hparams.lr
+        optimizer = instantiate(self.hparams.optimizer or ADAM)(self.parameters(), lr=lr)
+        if not self.hparams.scheduler:
+            return optimizer
+        factory = instantiate(self.hparams.scheduler)
+        total = int(self.trainer.estimated_stepping_batches)
+        scheduler = factory(optimizer, **run_length_kwargs(factory, lr, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def run_length_kwargs(factory: Any, lr: float, total_steps: int) -> dict[str, Any]:
+    """Arguments a scheduler needs that only the run knows (peak LR, number of steps)."""
+    params = inspect.signature(getattr(factory, "func", factory)).parameters
+    known = {"max_lr": lr, "total_steps": total_steps, "T_max": total_steps}
+    return {k: v for k, v in known.items() if k in params and k not in getattr(factory, "keywords", {})}
+
+
+def _describe(batch: Any) -> str:
+    if torch.is_tensor(batch):
+        return f"a single {batch.dtype} tensor of shape {list(batch.shape)} (no labels)"
+    if isinstance(batch, dict):
+        return f"dicts with keys {', '.join(map(str, batch))}"
+    if isinstance(batch, tuple | list):
+        parts = ", ".join(f"{b.dtype}{list(b.shape)}" if torch.is_tensor(b) else type(b).__name__ for b in batch)
+        return f"{type(batch).__name__}s of {len(batch)} ({parts})"
+    return f"{type(batch).__name__} objects"

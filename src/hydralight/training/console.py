@@ -1,0 +1,104 @@
+"""What a run prints: its plan and run dir first, then progress and the result.
+
+Lightning's banners and tips (device availability, "Tip: ...", the srun hint outside SLURM, why `fit`
+stopped, checkpoint loading for the test) say nothing a user acts on; they are kept out of the console
+and `train.log`. Real warnings pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from hydralight.config.plan import RunPlan
+
+# Start of each message left out; the plan line says what runs where, the progress lines say where it stopped.
+BANNERS = (
+    "GPU available:",
+    "TPU available:",
+    "HPU available:",
+    "LOCAL_RANK:",
+    "💡 Tip:",
+    "`Trainer.fit` stopped:",
+    "`weights_only` was not set",
+)
+# The test reloads the best checkpoint, which the result line names.
+TEST_LOADING = ("Restoring states from the checkpoint path", "Loaded model weights from the checkpoint")
+LOGGERS = (
+    "pytorch_lightning.utilities.rank_zero",
+    "lightning_fabric.utilities.rank_zero",
+    "pytorch_lightning.accelerators.cuda",
+    "pytorch_lightning.trainer.connectors.checkpoint_connector",
+)
+
+
+class _Banners(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.testing = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith(BANNERS) or (self.testing and message.startswith(TEST_LOADING)))
+
+
+_BANNERS = _Banners()
+
+
+def quiet_framework() -> None:
+    """Keep Lightning's banners and tips out of this process's output (idempotent)."""
+    for name in LOGGERS:
+        logger = logging.getLogger(name)
+        if _BANNERS not in logger.filters:
+            logger.addFilter(_BANNERS)
+    # Lightning suggests srun whenever the command exists; a run outside SLURM was meant to be one.
+    if "SLURM_JOB_ID" not in os.environ:
+        warnings.filterwarnings("ignore", message="The `srun` command is available on your system")
+    # Lightning-internal deprecation that users cannot act on, printed once per rank.
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+
+
+@contextlib.contextmanager
+def testing() -> Iterator[None]:
+    """While the test stage loads its checkpoint: the result line names it, Lightning need not."""
+    _BANNERS.testing = True
+    try:
+        yield
+    finally:
+        _BANNERS.testing = False
+
+
+def plan_line(plan: RunPlan, model: nn.Module, lr: float | None) -> str:
+    """The run plan in one line, with the model's size (the full table: `plan=true`); `lr`: the learning rate
+    the module received from the plan, if it takes one."""
+    hw, fw, task = plan.hardware, plan.framework, plan.task
+    where = f"{hw.num_nodes} nodes x {hw.devices}" if hw.num_nodes > 1 else f"{hw.devices}"
+    processes = f"{where} {hw.accelerator} process{'es' if hw.world_size > 1 else ''}"
+    strategy = f", {fw.strategy} ({fw.backend})" if fw.backend else ""
+    split = f"{task.per_device_size} per device x {hw.world_size}" + (
+        f" x {task.accumulation} accumulated" if task.accumulation > 1 else ""
+    )
+    # The built-in classifier is named by its network; any other module by its own class.
+    from hydralight.tasks.classifier import Classifier
+
+    net = model.net if isinstance(model, Classifier) else model
+    params = sum(p.numel() for p in model.parameters())
+    rate = f", lr {lr:g}" if lr is not None else ""
+    return (
+        f"plan: {processes} ({hw.cpus_per_task} cpus each){strategy}, {fw.precision}; "
+        f"global batch {task.global_size} ({split}){rate}; "
+        f"model {type(net).__name__} {params / 1e6:.2f}M params"
+    )
+
+
+def show_start(plan: RunPlan, model: nn.Module, lr: float | None) -> None:
+    """The first lines of a run: its plan and its run dir."""
+    print(plan_line(plan, model, lr), flush=True)
+    print(f"run dir: {plan.paths.run_dir}", flush=True)

@@ -1,0 +1,64 @@
+"""Checks that stop a run of any module with one clear line instead of training on garbage or failing late:
+a loss that is not finite, an objective the module never logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from hydralight.errors import UserError
+
+
+def kept_state(last: Path) -> str:
+    """What a stopped run keeps: its last checkpoint and step, or that it has none."""
+    if not last.is_file():
+        return "no checkpoint was saved before it"
+    step = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("global_step")
+    return f"{last} (step {step}) holds the last state saved before it"
+
+
+class FiniteLoss(pl.Callback):
+    """Stops a run whose loss is NaN or infinite before that step's update reaches the weights or a checkpoint
+    (just before backward, for any module: automatic or manual optimization)."""
+
+    def __init__(self, last_checkpoint: str, lr_key: str | None = "optim.lr") -> None:
+        self.last = Path(last_checkpoint)
+        self.lr_key = lr_key  # how the user lowers the learning rate, when the module takes the plan's
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        if torch.isfinite(loss.detach()).all():
+            return
+        lr = pl_module.hparams.get("lr") if self.lr_key else None
+        lower = f"lower {self.lr_key} (now {lr:g}) or " if isinstance(lr, int | float) else ""
+        raise UserError(
+            f"the loss is {loss.detach().float().mean().item()} at step {trainer.global_step} (epoch "
+            f"{trainer.current_epoch}); {lower}set trainer.gradient_clip_val; {kept_state(self.last)}"
+        )
+
+
+class ObjectiveLogged(pl.Callback):
+    """After the first validation, refuses an objective the module does not log: the best checkpoint, a
+    sweeper and the search would otherwise have nothing to go by."""
+
+    def __init__(self, metric: str) -> None:
+        self.metric = metric
+        self.checked = False
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.checked or trainer.sanity_checking:
+            return
+        self.checked = True
+        if self.metric in trainer.callback_metrics:
+            return
+        logged = sorted(k for k in trainer.callback_metrics if not k.startswith(("train", "lr-")))
+        shown = ", ".join(logged) if logged else "nothing"
+        raise UserError(
+            f"objective.metric={self.metric} is not logged in validation by {type(pl_module).__name__} (it logs "
+            f"{shown}); set objective.metric to one of them (objective.direction=min for a loss)"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}

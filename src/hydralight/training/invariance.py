@@ -1,0 +1,122 @@
+"""Training the same network on 1 and N processes, for any module: the project's keyed layers put in, the
+per-sample keys set around each training step, and a report of what a model or data uses that breaks it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+
+from hydralight.data.contract import batch_sample_ids
+from hydralight.keyed import SampleDropout, sample_keys, set_keys, with_global_batchnorm, with_sample_dropout
+
+log = logging.getLogger(__name__)
+
+
+def make_invariant(module: nn.Module, invariant_dropout: bool, global_batchnorm: bool) -> nn.Module:
+    """Put the keyed layers into any module: every torch dropout becomes SampleDropout (`model.invariant_dropout`)
+    and, for BatchNorm over every rank on CPU (`model.sync_batchnorm`), every BatchNorm a GlobalBatchNorm.
+    Neither has weights of its own, so checkpoints load either way."""
+    if invariant_dropout:
+        with_sample_dropout(module)
+    if global_batchnorm:
+        with_global_batchnorm(module)
+    return module
+
+
+class SampleKeys(pl.Callback):
+    """Keys the dropout of any module by (seed, epoch, sample id) during its training steps, when the data
+    module's batches carry sample ids (`sample_ids = True`): the same masks on any rank and world size."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.active = False
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Only modules with keyed dropout need keys: the others skip computing them every step.
+        keyed = any(isinstance(m, SampleDropout) for m in pl_module.modules())
+        self.active = keyed and bool(getattr(trainer.datamodule, "sample_ids", False))
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.active and (ids := batch_sample_ids(batch)) is not None:
+            set_keys(sample_keys(self.seed, trainer.current_epoch, ids))
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        set_keys(None)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        set_keys(None)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        set_keys(None)
+
+
+# torchvision transforms that draw random numbers per call (from the process's stream).
+_RANDOM_TRANSFORM_WORDS = ("Random", "Augment", "ColorJitter", "GaussianBlur", "ElasticTransform", "RandAugment")
+
+
+def _random_transforms(root: Any, depth: int = 5) -> list[str]:
+    """Names of stochastic torchvision transforms reachable from `root`'s attributes."""
+    found, seen = [], set()
+
+    def walk(obj: Any, level: int) -> None:
+        if id(obj) in seen or level > depth or isinstance(obj, torch.Tensor | str | bytes | int | float):
+            return
+        seen.add(id(obj))
+        kind = type(obj)
+        if kind.__module__.startswith("torchvision.transforms") and any(
+            w in kind.__name__ for w in _RANDOM_TRANSFORM_WORDS
+        ):
+            found.append(kind.__name__)
+        children = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list | tuple) else None
+        if children is None:
+            children = getattr(obj, "__dict__", {}).values()
+        for child in children:
+            walk(child, level + 1)
+
+    walk(root, 0)
+    return sorted(set(found))
+
+
+def invariance_report(model: nn.Module, datamodule: Any, sync_batchnorm: bool) -> dict[str, Any]:
+    """Whether 1 and N processes train the same network with this model, data and `model.sync_batchnorm`,
+    and, when not, why (what we cannot key)."""
+    reasons = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            reasons.append(f"{name} is torch's {type(module).__name__}: each process draws its own masks")
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and not sync_batchnorm:
+            reasons.append(f"{name} is a BatchNorm over each process's micro-batch; set model.sync_batchnorm=true")
+    uses_keys = any(isinstance(m, SampleDropout) for m in model.modules())
+    if uses_keys and not getattr(datamodule, "sample_ids", False):
+        reasons.append("the batches carry no sample ids (sample_ids = True): per-sample dropout falls back to torch's")
+    if not getattr(datamodule, "shards_by_rank", False):
+        reasons.append("the data module does not shard by rank itself: Lightning's sampler batches by world size")
+    for transform in _random_transforms(datamodule):
+        reasons.append(f"the data uses torchvision's {transform}: each process draws its own augmentation")
+    return {"holds": not reasons, "reasons": reasons}
+
+
+class InvarianceCheck(pl.Callback):
+    """At the start of fit (the data set up, the model built): say whether 1 and N processes train alike
+    with this model and data, and why not; the report goes into `into` (the run's manifest and results)."""
+
+    def __init__(self, sync_batchnorm: bool, into: dict[str, Any]) -> None:
+        self.sync_batchnorm = sync_batchnorm
+        self.into = into
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        report = invariance_report(pl_module, trainer.datamodule, self.sync_batchnorm)
+        self.into["world_size_invariance"] = report
+        if not trainer.is_global_zero or report["holds"]:
+            return
+        # A note for runs on several processes; a single process has only its record (manifest, results).
+        if trainer.world_size > 1:
+            log.warning(
+                "1 and N processes do NOT train alike with this model and data: " + "; ".join(report["reasons"])
+            )

@@ -1,0 +1,65 @@
+"""Building the module a run trains: any LightningModule named by `model._target_` (the built-in classifier
+is one), given the plan's values and the data's sizes its constructor names, with the project's keyed
+layers put in."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.utilities.model_helpers import is_overridden
+from torch import nn
+
+from hydralight.config.binding import bind, import_target, instantiate
+from hydralight.config.plan import ModelPlan
+from hydralight.errors import UserError
+
+
+def module_class(spec: dict[str, Any]) -> type[pl.LightningModule]:
+    """The LightningModule class `model._target_` names; one line for anything else."""
+    target = import_target(str(spec.get("_target_")), "model._target_")
+    if inspect.isclass(target) and issubclass(target, pl.LightningModule):
+        return target
+    path = spec.get("_target_")
+    if inspect.isclass(target) and issubclass(target, nn.Module):
+        raise UserError(
+            f"model._target_={path} is a torch nn.Module, not a LightningModule: give it to the built-in classifier "
+            f"as its network (model=cnn model.net._target_={path}), or wrap it in a LightningModule of your own"
+        )
+    raise UserError(f"model._target_={path} is not a LightningModule class; name the class of your module")
+
+
+def origin(model: ModelPlan) -> str | None:
+    """How the model's config came to be, for a refused argument: a `_target_` replaced on the command line
+    keeps the arguments of the option it replaced."""
+    if model.replaced:
+        return f"model={model.option or '?'}, whose {model.replaced} the command line replaced"
+    return None
+
+
+def constructor_kwargs(model: ModelPlan, sizes: dict[str, Any]) -> dict[str, Any]:
+    """What the module's constructor gets from the plan and the data: the values it names (checked before
+    anything is built: an argument it does not take, a plan value set for it and not taken, are one line)."""
+    cls = module_class(model.spec)
+    offered = {**model.offered, **sizes}
+    net = model.spec.get("net")
+    if isinstance(net, dict) and "_target_" in net:  # the built-in classifier's network: its arguments too
+        bind(import_target(str(net["_target_"]), "model.net._target_"), net, {}, "model.net", origin=origin(model))
+    return bind(cls, model.spec, offered, "model", explicit=model.explicit, origin=origin(model))
+
+
+def build_module(model: ModelPlan, sizes: dict[str, Any]) -> pl.LightningModule:
+    """The module of the plan. Nested `_target_`s of its config are built by Hydra first (a module that
+    takes an `nn.Module` or a `_partial_` optimizer gets them built); the built-in classifier builds its
+    network itself (`_recursive_: false`), sized by the data."""
+    return instantiate(model.spec, **constructor_kwargs(model, sizes))
+
+
+def validates(module: pl.LightningModule) -> bool:
+    """Whether the module has a validation step (an objective to choose checkpoints and tune on)."""
+    return is_overridden("validation_step", module)
+
+
+def tests(module: pl.LightningModule) -> bool:
+    return is_overridden("test_step", module)

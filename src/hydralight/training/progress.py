@@ -1,0 +1,67 @@
+"""Progress display: a live bar on a terminal, plain periodic lines in log files."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ProgressBar, RichProgressBar
+
+
+class LineProgress(ProgressBar):
+    """One line every N optimizer steps and at each epoch end: readable in SLURM and CI logs (the test's
+    result is the run's last line, printed by the run record).
+
+    Lightning's bars redraw with carriage returns, which fill a log file with partial lines.
+    """
+
+    def __init__(self, every_n_steps: int = 50) -> None:
+        super().__init__()
+        self.every_n_steps = every_n_steps
+        self._enabled = True
+        self._epoch_start = 0.0
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def _print(self, trainer: pl.Trainer, text: str) -> None:
+        if self._enabled and trainer.is_global_zero:
+            print(text.rstrip(), flush=True)
+
+    def _metrics(self, trainer: pl.Trainer) -> str:
+        return " ".join(
+            f"{k}={v:.4g}"
+            for k, v in self.get_metrics(trainer, trainer.lightning_module).items()
+            if isinstance(v, float)
+        )
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start = time.perf_counter()  # a run resumed inside an epoch gets no epoch start
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        done, total = batch_idx + 1, self.total_train_batches
+        if self.every_n_steps and done % self.every_n_steps == 0 and done != total:
+            head = f"epoch {trainer.current_epoch} batch {done}/{total} step {trainer.global_step}"
+            self._print(trainer, f"{head} {self._metrics(trainer)}")
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        seconds = time.perf_counter() - self._epoch_start
+        self._print(
+            trainer,
+            f"epoch {trainer.current_epoch} done in {seconds:.1f}s step {trainer.global_step} {self._metrics(trainer)}",
+        )
+
+
+def progress_bar(every_n_steps: int = 50) -> ProgressBar:
+    """RichProgressBar when stdout is a terminal, LineProgress otherwise."""
+    return RichProgressBar() if sys.stdout.isatty() else LineProgress(every_n_steps)

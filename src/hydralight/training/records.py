@@ -1,0 +1,131 @@
+"""What a run measures and records about itself while it trains: each rank's record, the training
+throughput, and the results of a finished run (metrics, the objective, the best checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from typing import Any
+
+import pytorch_lightning as pl
+from torch.nn import SyncBatchNorm
+
+from hydralight.config.plan import ObjectivePlan
+from hydralight.rundir.layout import RunDir
+
+
+class RankRecord(pl.Callback):
+    """Each rank writes `ranks/rank<N>.json` (host, pid, device, learning rate) into the run dir at fit start.
+
+    Shows which processes ran a job and with what settings: the first thing to check when a multi-node or
+    multirun job misbehaves.
+    """
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = RunDir.at(run_dir)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        path = self.run_dir.rank_record(trainer.global_rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        environment = getattr(trainer.strategy, "cluster_environment", None)
+        record = {
+            "global_rank": trainer.global_rank,
+            "local_rank": trainer.local_rank,
+            "node_rank": trainer.node_rank,
+            "world_size": trainer.world_size,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "device": str(pl_module.device),
+            "lr": pl_module.hparams.get("lr"),
+            "sync_batchnorm_layers": sum(isinstance(m, SyncBatchNorm) for m in pl_module.modules()),
+            "launcher": type(environment).__name__ if environment is not None else None,
+        }
+        path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+class Throughput(pl.Callback):
+    """Training samples/s of this attempt from its `warmup`-th optimizer step to its last, into `into`
+    (`train_samples_per_second`): process start-up, the first steps' allocations and the final validation
+    are left out (validations between those steps count), so runs at different world sizes compare on
+    training."""
+
+    def __init__(self, global_size: int, into: dict[str, Any], warmup: int = 5) -> None:
+        self.global_size, self.into, self.warmup = global_size, into, warmup
+        self.start_step = 0  # where this attempt began
+        self._first: tuple[int, float] | None = None
+        self._last: tuple[int, float] | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.start_step, self._first, self._last = trainer.global_step, None, None
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        mark = (trainer.global_step, time.perf_counter())
+        if self._first is None and trainer.global_step >= self.start_step + self.warmup:
+            self._first = mark
+        self._last = mark
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._first is None or self._last is None or self._last[0] <= self._first[0]:
+            return  # too few steps to tell
+        steps, seconds = self._last[0] - self._first[0], self._last[1] - self._first[1]
+        self.into["train_samples_per_second"] = round(steps * self.global_size / seconds, 1)
+
+
+def objective_value(trainer: pl.Trainer, metrics: dict[str, float], metric: str) -> float | None:
+    """The best `metric` of the run as the best-checkpoint callback tracked it (over every validation,
+    across resumed attempts), else its last value; None when the run never validated it."""
+    chosen = trainer.checkpoint_callback
+    if chosen is not None and getattr(chosen, "monitor", None) == metric and chosen.best_model_score is not None:
+        value = float(chosen.best_model_score)
+    else:
+        value = metrics.get(metric)
+    return value if value is not None and math.isfinite(value) else None
+
+
+def run_results(
+    trainer: pl.Trainer,
+    metrics: dict[str, Any],
+    best: str | None,
+    objective: ObjectivePlan,
+    global_size: int,
+    start_step: int,
+    fit_seconds: float | None,
+) -> dict[str, Any]:
+    """results.json of a finished run: epochs, steps, every final metric, the objective (the best
+    validation value of `objective.metric`: what a sweeper may tune on, never a test metric), samples/s."""
+    metrics = {k: float(v) for k, v in metrics.items()}
+    # Samples this attempt trained, over this attempt's time (a resumed run started at a later step).
+    samples = (trainer.global_step - start_step) * global_size
+    return {
+        "epochs": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "best_checkpoint": best or None,
+        "metrics": metrics,
+        "test": {k: v for k, v in metrics.items() if k.startswith("test/")},
+        # The built-in classifier's headline, kept where earlier results had it.
+        "test/acc": metrics.get("test/acc"),
+        "objective": {
+            "metric": objective.metric,
+            "direction": objective.direction,
+            "value": objective_value(trainer, metrics, objective.metric),
+        },
+        "samples_per_second": round(samples / fit_seconds, 1) if fit_seconds else None,
+    }
+
+
+def result_line(results: dict[str, Any], run_dir: str) -> str:
+    """The last line of a run: its test metrics (the objective's own first), the checkpoint and run dir."""
+    test = results.get("test") or {}
+    first = "test/" + results["objective"]["metric"].split("/", 1)[-1]
+    shown = " ".join(f"{k}={test[k]:.4f}" for k in sorted(test, key=lambda k: (k != first, k)) if "samples" not in k)
+    where = f"(checkpoint: {results.get('best_checkpoint') or 'final weights'}; run dir: {run_dir})"
+    if shown:
+        return f"{shown} {where}"
+    value = results["objective"]["value"]
+    best = f"best {results['objective']['metric']}={value:.4f}" if value is not None else "no objective"
+    return f"no test metrics (the module has no test step); {best} {where}"

@@ -1,0 +1,60 @@
+"""The Lightning Trainer and its callbacks, built from the plan's slices."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytorch_lightning as pl
+from lightning_fabric.plugins.environments import SLURMEnvironment
+from pytorch_lightning.callbacks import Callback, Checkpoint, ModelCheckpoint
+from pytorch_lightning.loggers import Logger
+from pytorch_lightning.strategies import Strategy
+
+from hydralight.config.binding import bind, import_target, instantiate
+from hydralight.config.plan import RunPlan
+from hydralight.rundir.layout import RunDir
+from hydralight.training.checkpoint_io import AtomicCheckpointIO
+
+log = logging.getLogger(__name__)
+
+
+def build_callbacks(plan: RunPlan, validates: bool) -> list[Callback]:
+    """The configured callbacks (`callbacks.*`), each given the run dir, its checkpoint folder and the run's
+    seed where its constructor names them. A module without a validation step has no objective: the
+    best-checkpoint callback is left out (last.ckpt is the run's checkpoint)."""
+    run_dir = RunDir.at(plan.paths.run_dir)
+    offered = {"run_dir": str(run_dir.path), "dirpath": str(run_dir.checkpoints), "seed": plan.seed}
+    callbacks = []
+    for name, spec in plan.callbacks.items():
+        target = import_target(str(spec.get("_target_")), f"callbacks.{name}._target_")
+        callback = instantiate(spec, **bind(target, spec, offered, f"callbacks.{name}"))
+        if isinstance(callback, ModelCheckpoint) and callback.monitor and not validates:
+            log.info(
+                f"no best checkpoint by {callback.monitor}: the module has no validation step "
+                f"(last.ckpt is the run's checkpoint)"
+            )
+            continue
+        callbacks.append(callback)
+    return callbacks
+
+
+def build_trainer(
+    plan: RunPlan,
+    strategy: str | Strategy,
+    callbacks: list[Callback],
+    loggers: list[Logger],
+    shards_by_rank: bool = True,
+) -> pl.Trainer:
+    from hydra.utils import instantiate
+
+    options: dict[str, Any] = instantiate(plan.trainer_kwargs(shards_by_rank), _convert_="all")  # e.g. a profiler
+    # Without a checkpoint callback (callbacks=none), Lightning's default one would write into the
+    # logger's folder, where a rerun never looks: such a run writes no checkpoint.
+    if not any(isinstance(c, Checkpoint) for c in callbacks):
+        options["enable_checkpointing"] = False
+    # Under srun the Preemption callback owns the signals; Lightning's own SLURM requeue stays off.
+    plugins: list[Any] = [AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    return pl.Trainer(**options, plugins=plugins, strategy=strategy, callbacks=callbacks, logger=loggers or False)
