@@ -1,23 +1,55 @@
-"""Shared fixtures: small IDX files and image folders written on the fly, the real MNIST when present, a CLI runner."""
+"""Shared fixtures: small IDX files and image folders written on the fly, the real MNIST when present, a CLI
+runner; and an environment that the shell the tests run in cannot change."""
 
 from __future__ import annotations
 
+import atexit
 import csv
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+HELPERS = Path(__file__).resolve().parent / "helpers"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-# Several test workers (`make test` runs two): the cores split between them, or each run's torch threads
-# spin against the other worker's and every run slows down several times. Set before torch is imported.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if _WORKERS > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+# The real MNIST, when the shell points at it (read before DATA_DIR is cleared below).
+REAL_DATA_DIR = os.environ.get("DATA_DIR")
+
+# The user's shell never changes a test's outcome: launch, tracking, threading and device variables are
+# cleared for this process and every process a test starts (each test sets what it needs). Set before
+# torch is imported.
+ISOLATED_PREFIXES = ("WANDB_", "HYDRA_", "SLURM_", "SBATCH_", "SRUN_", "TORCHELASTIC_", "NCCL_", "DSTACK_", "PET_")
+ISOLATED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "DATA_DIR", "NETRC",
+            "XDG_CACHE_HOME", "PL_GLOBAL_SEED", "PYTHONHASHSEED")  # fmt: skip
+# Matplotlib's font cache stays where it was (a new one is built, and logged, by every first import).
+os.environ.setdefault(
+    "MPLCONFIGDIR", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "matplotlib")
+)
+for _name in list(os.environ):
+    if _name.startswith(ISOLATED_PREFIXES) or _name in ISOLATED:
+        del os.environ[_name]
+_SANDBOX = Path(tempfile.mkdtemp(prefix="hydralight-tests-"))
+atexit.register(shutil.rmtree, _SANDBOX, ignore_errors=True)
+os.environ.update(
+    # CPU only, whatever the machine has: the tolerances and timings below are the CPU's.
+    CUDA_VISIBLE_DEVICES="",
+    # No wandb login or settings of the user's: a test that logs to wandb says how.
+    NETRC=str(_SANDBOX / "no-netrc"),
+    WANDB_CONFIG_DIR=str(_SANDBOX / "wandb-config"),
+    WANDB_CACHE_DIR=str(_SANDBOX / "wandb-cache"),
+    # Decode caches of image folders go to the tests' own cache, not the user's.
+    XDG_CACHE_HOME=str(_SANDBOX / "cache"),
+    # Several test workers (`make test` runs two): the cores split between them, or each run's torch threads
+    # spin against the other worker's and every run slows down several times.
+    OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))),
+)
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
@@ -89,8 +121,7 @@ def fresh_data(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def real_data() -> Path:
     """The real MNIST in DATA_DIR; a missing copy fails in CI and skips elsewhere."""
-    data_dir = os.environ.get("DATA_DIR")
-    raw = Path(data_dir or "data") / "MNIST" / "raw"
+    raw = Path(REAL_DATA_DIR or "data") / "MNIST" / "raw"
     if (raw / "train-images-idx3-ubyte").is_file():
         return raw.parents[1]
     message = f"real MNIST not found in {raw} (set DATA_DIR to a folder holding MNIST/raw/)"
@@ -113,18 +144,17 @@ TINY = [
 
 
 def run_cli(
-    args: list[str], run_dir: Path, data_dir: Path | None = None, timeout: float = 300, **env: str
+    args: list[str], run_dir: Path, data_dir: Path | None = None, timeout: float = 300, cwd: Path = ROOT, **env: str
 ) -> subprocess.CompletedProcess:
-    """`python train.py ARGS hydra.run.dir=RUN_DIR` from the repository root, output captured."""
-    environ = {k: v for k, v in os.environ.items() if k not in ("DATA_DIR", "WANDB_API_KEY")}
-    environ.update(env)
+    """`python train.py ARGS hydra.run.dir=RUN_DIR` from the repository root (or `cwd`), output captured."""
+    environ = {**os.environ, **env}
     if data_dir is not None:
         environ["DATA_DIR"] = str(data_dir)
     has_dir = any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for a in args)
     command = [sys.executable, str(ROOT / "train.py"), *args]
     if not has_dir and "-m" not in args and "--multirun" not in args:
         command.append(f"hydra.run.dir={run_dir}")
-    return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
 
 
 def one_line(result: subprocess.CompletedProcess) -> str:
@@ -140,3 +170,33 @@ def csv_rows(run: Path) -> list[dict[str, str]]:
     """The rows of a run's csv/metrics.csv, empty cells dropped."""
     with (run / "csv" / "metrics.csv").open(newline="") as f:
         return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
+# Machines to plan for, real or not.
+CPU_BOX_SPEC = {"gpus": 0, "cpu_cores": 2, "memory_gb": 24}
+
+
+def compose_config(*overrides: str, run_dir: Path | str = "/nonexistent/run", return_hydra: bool = False):
+    """The config `python train.py OVERRIDES` composes, with the run dir Hydra would give it."""
+    from hydra import compose, initialize_config_dir
+
+    from hydralight.train import CONFIG_DIR
+
+    paths = [f"paths.output_dir={run_dir}", f"paths.root_dir={ROOT}"]
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        return compose("train", overrides=[*overrides, *paths], return_hydra_config=return_hydra)
+
+
+def plan_of(*overrides: str, machine=None, run_dir: Path | str = "/nonexistent/run"):
+    """The run plan of `python train.py OVERRIDES` on `machine` (a 2-core CPU box by default), resolved in-process."""
+    from omegaconf import OmegaConf, open_dict
+
+    from hydralight.config.plan import Machine
+    from hydralight.config.resolve import JobInfo, resolve
+
+    cfg = compose_config(*overrides, run_dir=run_dir, return_hydra=True)
+    choices = {k: v for k, v in OmegaConf.to_container(cfg.hydra.runtime.choices).items() if isinstance(v, str)}
+    with open_dict(cfg):
+        del cfg["hydra"]
+    job = JobInfo(run_dir=str(run_dir), overrides=list(overrides), choices=choices)
+    return resolve(cfg, machine or Machine(**CPU_BOX_SPEC), job)

@@ -43,6 +43,7 @@ class _Absent:
 
 
 ABSENT = _Absent()  # what a missing attribute or key reads as
+ROOT = Path(__file__).resolve().parents[1]
 RESOURCE_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "mem_gb")
 
 
@@ -62,6 +63,12 @@ class Hook:
     api: str  # what the project touches (a dotted path where it can be imported)
     user: str  # project files, ", "-separated: relative to src/hydralight/ unless they start with src/
     why: str
+
+    def __post_init__(self) -> None:
+        # The files named are the ones that use the API: a stale name would send the reader to the wrong place.
+        for user in self.user.split(", "):
+            path = ROOT / user if user.startswith("src/") else ROOT / "src" / "hydralight" / user
+            assert path.is_file(), f"{self.api}: the project file {user} does not exist"
 
     def moved(self, detail: str = "") -> str:
         where = ", ".join(u if u.startswith("src/") else f"src/hydralight/{u}" for u in self.user.split(", "))
@@ -123,64 +130,55 @@ IMPORTS = [
     Hook(
         "pytorch_lightning",
         "pytorch_lightning.strategies.launchers.subprocess_script._SubprocessScriptLauncher",
-        "distributed.py",
+        "lightning_internals.py, training/strategy.py",
         "starting a job's extra DDP ranks from its saved config",
-    ),
-    Hook(
-        "pytorch_lightning",
-        "pytorch_lightning.loggers.csv_logs.ExperimentWriter",
-        "loggers.py",
-        "the metrics.csv writer that keeps earlier attempts' rows",
-    ),
-    Hook("pytorch_lightning", "pytorch_lightning.trainer.states.TrainerFn", "model.py", "telling fit from test"),
-    Hook(
-        "lightning_fabric",
-        "lightning_fabric.loggers.logger.rank_zero_experiment",
-        "loggers.py",
-        "the appending CSV logger's experiment property",
     ),
     Hook(
         "lightning_fabric",
         "lightning_fabric.utilities.rank_zero.rank_zero_only",
-        "loggers.py",
+        "training/loggers.py",
         "forgetting rows of a failed attempt on rank 0 only",
     ),
-    Hook("lightning_fabric", "lightning_fabric.plugins.TorchCheckpointIO", "last_checkpoint.py", "atomic writes"),
+    Hook(
+        "lightning_fabric", "lightning_fabric.plugins.TorchCheckpointIO", "training/checkpoint_io.py", "atomic writes"
+    ),
     Hook(
         "lightning_fabric",
         "lightning_fabric.plugins.environments.SLURMEnvironment",
-        "trainer.py",
+        "training/trainer.py",
         "turning Lightning's own SLURM requeue off",
     ),
-    Hook("hydra", "hydra.core.singleton.Singleton", "slurm.py", "carrying Hydra's state into each job"),
-    Hook("hydra", "hydra.core.utils.run_job", "slurm.py", "running a sweep job in its submitit process"),
-    Hook("hydra", "hydra.core.utils.setup_globals", "slurm.py", "Hydra's resolvers in the job process"),
-    Hook("hydra", "hydra.core.utils.filter_overrides", "slurm.py", "logging each job's overrides"),
-    Hook("hydra", "hydra.core.utils.JobReturn", "slurm.py", "the launcher's return type"),
+    Hook("hydra", "hydra.core.singleton.Singleton", "launch/launchers.py", "carrying Hydra's state into each job"),
+    Hook("hydra", "hydra.core.utils.run_job", "launch/launchers.py", "running a sweep job in its submitit process"),
+    Hook("hydra", "hydra.core.utils.setup_globals", "launch/launchers.py", "Hydra's resolvers in the job process"),
+    Hook("hydra", "hydra.core.utils.filter_overrides", "launch/launchers.py", "logging each job's overrides"),
+    Hook("hydra", "hydra.core.utils.JobReturn", "launch/launchers.py", "the launcher's return type"),
     Hook(
         "hydra",
         "hydra.core.hydra_config.HydraConfig",
-        "loggers.py, run_record.py, train.py",
+        "train.py",
         "the job's overrides and dirs",
     ),
     Hook("hydra", "hydra.types.RunMode.MULTIRUN", "train.py", "telling a sweep job from a single run"),
-    Hook("hydra", "hydra.experimental.callback.Callback", "report.py", "the summary line at the end of a sweep"),
+    Hook(
+        "hydra", "hydra.experimental.callback.Callback", "launch/summary.py", "the summary line at the end of a sweep"
+    ),
     Hook(
         "hydra_submitit_launcher",
         "hydra_plugins.hydra_submitit_launcher.config.BaseQueueConf",
-        "slurm.py",
+        "launch/launchers.py",
         "which launcher keys submitit takes unprefixed",
     ),
     Hook(
         "hydra_submitit_launcher",
         "hydra_plugins.hydra_submitit_launcher.config.SlurmQueueConf",
-        "slurm.py",
+        "launch/launchers.py",
         "the base of the planned SLURM launcher's config",
     ),
     Hook(
         "hydra_submitit_launcher",
         "hydra_plugins.hydra_submitit_launcher.config.LocalQueueConf",
-        "slurm.py",
+        "launch/launchers.py",
         "the base of the planned local launcher's config",
     ),
     Hook(
@@ -195,11 +193,11 @@ IMPORTS = [
         "src/hydra_plugins/hydralight_launchers/__init__.py",
         "the base class of hydra/launcher=local",
     ),
-    Hook("submitit", "submitit.core._submit", "slurm.py", "the command written into dry-run sbatch scripts"),
+    Hook("submitit", "submitit.core._submit", "launch/launchers.py", "the command written into dry-run sbatch scripts"),
     Hook(
         "dstack",
         "dstack._internal.core.models.configurations.parse_run_configuration",
-        "cloud.py",
+        "launch/dstack.py",
         "validating the generated dstack tasks",
     ),
 ]
@@ -216,19 +214,33 @@ def test_import_path(hook: Hook) -> None:
 
 SIGNATURES = [
     (
-        Hook("hydra", "hydra.core.utils.run_job", "slurm.py", "running a sweep job in its submitit process"),
+        Hook("hydra", "hydra.core.utils.run_job", "launch/launchers.py", "running a sweep job in its submitit process"),
         0,
         ("hydra_context", "task_function", "config", "job_dir_key", "job_subdir_key"),
     ),
-    (Hook("hydra", "hydra.core.utils.setup_globals", "slurm.py", "Hydra's resolvers in the job process"), 0, ()),
-    (Hook("hydra", "hydra.core.utils.filter_overrides", "slurm.py", "logging each job's overrides"), 1, ()),
-    (Hook("hydra", "hydra.core.singleton.Singleton.get_state", "slurm.py", "the state sent with each job"), 0, ()),
-    (Hook("hydra", "hydra.core.singleton.Singleton.set_state", "slurm.py", "restoring it inside the job"), 1, ()),
+    (
+        Hook("hydra", "hydra.core.utils.setup_globals", "launch/launchers.py", "Hydra's resolvers in the job process"),
+        0,
+        (),
+    ),
+    (Hook("hydra", "hydra.core.utils.filter_overrides", "launch/launchers.py", "logging each job's overrides"), 1, ()),
+    (
+        Hook(
+            "hydra", "hydra.core.singleton.Singleton.get_state", "launch/launchers.py", "the state sent with each job"
+        ),
+        0,
+        (),
+    ),
+    (
+        Hook("hydra", "hydra.core.singleton.Singleton.set_state", "launch/launchers.py", "restoring it inside the job"),
+        1,
+        (),
+    ),
     (
         Hook(
             "hydra",
             "hydra.core.config_loader.ConfigLoader.load_sweep_config",
-            "slurm.py",
+            "launch/launchers.py",
             "composing each job's config (per-job resources, and the job itself)",
         ),
         2,
@@ -236,13 +248,15 @@ SIGNATURES = [
     ),
     (
         # Hydra's sweeper calls launch(batch, initial_job_idx=...) on the project's override.
-        Hook("hydra", "hydra.plugins.launcher.Launcher.launch", "slurm.py", "the planned launchers' launch()"),
+        Hook(
+            "hydra", "hydra.plugins.launcher.Launcher.launch", "launch/launchers.py", "the planned launchers' launch()"
+        ),
         1,
         ("initial_job_idx",),
     ),
     (
         # Hydra calls it with config= and config_name=; the project's override takes config and **kwargs.
-        Hook("hydra", "hydra.experimental.callback.Callback.on_multirun_end", "report.py", "the sweep summary"),
+        Hook("hydra", "hydra.experimental.callback.Callback.on_multirun_end", "launch/summary.py", "the sweep summary"),
         0,
         ("config", "config_name"),
     ),
@@ -260,14 +274,14 @@ SIGNATURES = [
         Hook(
             "hydra_submitit_launcher",
             "hydra_plugins.hydra_submitit_launcher.submitit_launcher.BaseSubmititLauncher.setup",
-            "slurm.py",
+            "launch/launchers.py",
             "the config, context and task function the planned launchers read",
         ),
         0,
         ("hydra_context", "task_function", "config"),
     ),
     (
-        Hook("submitit", "submitit.AutoExecutor", "slurm.py", "the executor of every sweep"),
+        Hook("submitit", "submitit.AutoExecutor", "launch/launchers.py", "the executor of every sweep"),
         0,
         ("folder", "cluster", "slurm_max_num_timeout"),
     ),
@@ -275,7 +289,7 @@ SIGNATURES = [
         Hook(
             "submitit",
             "submitit.slurm.slurm.SlurmExecutor._make_submission_file_text",
-            "slurm.py",
+            "launch/launchers.py",
             "dry_run=true: writing the sbatch scripts without submitting",
         ),
         2,
@@ -285,7 +299,7 @@ SIGNATURES = [
         Hook(
             "submitit",
             "submitit.local.local.LocalExecutor._make_submission_file_text",
-            "slurm.py",
+            "launch/launchers.py",
             "dry_run=true with hydra/launcher=local",
         ),
         2,
@@ -295,7 +309,7 @@ SIGNATURES = [
         Hook(
             "pytorch_lightning",
             "pytorch_lightning.strategies.launchers.subprocess_script._SubprocessScriptLauncher",
-            "distributed.py",
+            "lightning_internals.py, training/strategy.py",
             "building the job-script launcher (cluster_environment, num_processes, num_nodes)",
         ),
         3,
@@ -305,7 +319,7 @@ SIGNATURES = [
         Hook(
             "pytorch_lightning",
             "pytorch_lightning.strategies.launchers.subprocess_script._SubprocessScriptLauncher._call_children_scripts",
-            "distributed.py",
+            "lightning_internals.py, training/strategy.py",
             "starting ranks 1..N-1 as `python -m hydralight.worker`",
         ),
         0,
@@ -315,7 +329,7 @@ SIGNATURES = [
         Hook(
             "pytorch_lightning",
             "pytorch_lightning.strategies.launchers.subprocess_script._SubprocessScriptLauncher._check_can_spawn_children",
-            "distributed.py",
+            "lightning_internals.py, training/strategy.py",
             "the launcher's own guard before starting ranks",
         ),
         0,
@@ -325,7 +339,7 @@ SIGNATURES = [
         Hook(
             "pytorch_lightning",
             "pytorch_lightning.strategies.DDPStrategy._configure_launcher",
-            "distributed.py",
+            "lightning_internals.py, training/strategy.py",
             "swapping in the job-script launcher",
         ),
         0,
@@ -334,44 +348,9 @@ SIGNATURES = [
     (
         Hook(
             "pytorch_lightning",
-            "pytorch_lightning.loggers.csv_logs.ExperimentWriter",
-            "loggers.py",
-            "the appending metrics.csv writer",
-        ),
-        0,
-        ("log_dir",),
-    ),
-    (
-        Hook(
-            "pytorch_lightning",
-            "pytorch_lightning.loggers.csv_logs.ExperimentWriter._check_log_dir_exists",
-            "loggers.py",
-            "keeping an existing metrics.csv (Lightning deletes it there)",
-        ),
-        0,
-        (),
-    ),
-    (
-        Hook(
-            "pytorch_lightning",
-            "pytorch_lightning.loggers.csv_logs.ExperimentWriter._record_new_keys",
-            "loggers.py",
-            "merging the columns of an existing metrics.csv",
-        ),
-        0,
-        (),
-    ),
-    (
-        Hook("pytorch_lightning", "pytorch_lightning.loggers.CSVLogger", "loggers.py", "flushing every step"),
-        1,
-        ("flush_logs_every_n_steps",),
-    ),
-    (
-        Hook(
-            "pytorch_lightning",
             "pytorch_lightning.trainer.connectors.logger_connector.logger_connector._LoggerConnector"
             ".update_train_step_metrics",
-            "preemption.py",
+            "lightning_internals.py, resume/preemption.py",
             "logging the last step's metrics before exiting on a signal",
         ),
         0,
@@ -381,7 +360,7 @@ SIGNATURES = [
         Hook(
             "pytorch_lightning",
             "pytorch_lightning.loops.evaluation_loop._EvaluationLoop.run",
-            "last_checkpoint.py",
+            "lightning_internals.py",
             "validating the final weights when training ended between validations",
         ),
         0,
@@ -399,19 +378,9 @@ SIGNATURES = [
     ),
     (
         Hook(
-            "pytorch_lightning",
-            "pytorch_lightning.LightningModule.load_from_checkpoint",
-            "checkpoint.py",
-            "loading a model without running pickled code",
-        ),
-        1,
-        ("map_location", "weights_only"),
-    ),
-    (
-        Hook(
             "lightning_fabric",
             "lightning_fabric.plugins.TorchCheckpointIO.save_checkpoint",
-            "last_checkpoint.py",
+            "training/checkpoint_io.py",
             "the atomic checkpoint write Lightning calls",
         ),
         2,
@@ -421,7 +390,7 @@ SIGNATURES = [
         Hook(
             "lightning_fabric",
             "lightning_fabric.plugins.environments.SLURMEnvironment",
-            "trainer.py",
+            "training/trainer.py",
             "turning Lightning's own SLURM requeue off",
         ),
         0,
@@ -431,14 +400,19 @@ SIGNATURES = [
         Hook(
             "lightning_fabric",
             "lightning_fabric.plugins.environments.SLURMEnvironment.detect",
-            "trainer.py",
+            "training/trainer.py",
             "knowing when the job runs under srun",
         ),
         0,
         (),
     ),
     (
-        Hook("torch", "torch.load", "model.py", "reading a checkpoint's step without unpickling code"),
+        Hook(
+            "torch",
+            "torch.load",
+            "training/guards.py, resume/policy.py",
+            "reading a checkpoint without unpickling code",
+        ),
         1,
         ("map_location", "weights_only", "mmap"),
     ),
@@ -446,7 +420,7 @@ SIGNATURES = [
         Hook(
             "dstack",
             "dstack._internal.core.models.configurations.parse_run_configuration",
-            "cloud.py",
+            "launch/dstack.py",
             "validating the generated dstack tasks",
         ),
         1,
@@ -468,20 +442,20 @@ def test_call_shape(hook: Hook, nargs: int, keywords: tuple[str, ...]) -> None:
 # --- hydra-submitit-launcher configs and launchers -------------------------------------------------------------
 
 QUEUE_FIELDS = [
-    *(("BaseQueueConf", key, "slurm.py", "resources set per job from its plan") for key in RESOURCE_KEYS),
-    ("BaseQueueConf", "submitit_folder", "slurm.py", "the executor's folder"),
+    *(("BaseQueueConf", key, "launch/launchers.py", "resources set per job from its plan") for key in RESOURCE_KEYS),
+    ("BaseQueueConf", "submitit_folder", "launch/launchers.py", "the executor's folder"),
     ("BaseQueueConf", "timeout_min", "conf/hydra/launcher/slurm.yaml", "the job time limit"),
     ("BaseQueueConf", "stderr_to_stdout", "conf/hydra/launcher/slurm.yaml", "one log per task"),
-    ("SlurmQueueConf", "_target_", "slurm.py", "pointing the config at the planned launcher"),
-    ("SlurmQueueConf", "setup", "slurm.py", "cluster.setup lines before srun"),
-    ("SlurmQueueConf", "max_num_timeout", "slurm.py", "the requeue count given to the executor"),
+    ("SlurmQueueConf", "_target_", "launch/launchers.py", "pointing the config at the planned launcher"),
+    ("SlurmQueueConf", "setup", "launch/launchers.py", "cluster.setup lines before srun"),
+    ("SlurmQueueConf", "max_num_timeout", "launch/launchers.py", "the requeue count given to the executor"),
     ("SlurmQueueConf", "signal_delay_s", "conf/hydra/launcher/slurm.yaml", "the warning before the limit"),
     ("SlurmQueueConf", "partition", "conf/hydra/launcher/slurm.yaml", "cluster.partition"),
     ("SlurmQueueConf", "account", "conf/hydra/launcher/slurm.yaml", "cluster.account"),
     ("SlurmQueueConf", "qos", "conf/hydra/launcher/slurm.yaml", "cluster.qos"),
     ("SlurmQueueConf", "constraint", "conf/hydra/launcher/slurm.yaml", "cluster.constraint"),
     ("SlurmQueueConf", "additional_parameters", "conf/hydra/launcher/slurm.yaml", "cluster.sbatch"),
-    ("LocalQueueConf", "_target_", "slurm.py", "pointing the config at the planned launcher"),
+    ("LocalQueueConf", "_target_", "launch/launchers.py", "pointing the config at the planned launcher"),
     ("LocalQueueConf", "timeout_min", "conf/hydra/launcher/local.yaml", "the job time limit"),
     ("LocalQueueConf", "submitit_folder", "conf/hydra/launcher/local.yaml", "the executor's folder"),
 ]
@@ -524,7 +498,7 @@ def test_queue_conf_maps_onto_auto_executor(tmp_path: Path, executor: str, monke
     hook = Hook(
         "submitit",
         f"AutoExecutor(cluster={executor!r}) parameter names",
-        "slurm.py",
+        "launch/launchers.py",
         "submitting the launcher's settings (generic names bare, the others with the executor's prefix)",
     )
     # The SLURM executor refuses to start where no srun is found; this test only needs its parameters.
@@ -548,7 +522,7 @@ def test_dry_run_script_writer(tmp_path: Path, executor: str) -> None:
         "submitit",
         f"{executor} executor: affinity / _convert_parameters / _internal_update_parameters / "
         "_make_submission_file_text(command, uid)",
-        "slurm.py",
+        "launch/launchers.py",
         "dry_run=true: writing the sbatch scripts without submitting, on a host without SLURM",
     )
     folder, max_num_timeout, base, resources = launcher_params(executor, tmp_path)
@@ -599,7 +573,7 @@ def test_dry_run_script_writer(tmp_path: Path, executor: str) -> None:
         signal = Hook(
             "submitit",
             "the SLURM warning signal (USR2, signal_delay_s ahead)",
-            "preemption.py",
+            "lightning_internals.py, resume/preemption.py",
             "checkpointing and requeueing before the time limit",
         )
         assert f"--signal=USR2@{base['slurm_signal_delay_s']}" in text, signal.moved(f"the script says:\n{text}")
@@ -611,7 +585,7 @@ def test_submitit_launcher_base_class() -> None:
     hook = Hook(
         "hydra_submitit_launcher",
         "BaseSubmititLauncher._EXECUTOR / params / setup()",
-        "slurm.py",
+        "launch/launchers.py",
         "the executor name, launcher settings, config and context the planned launchers read",
     )
     executors = (getattr(SlurmLauncher, "_EXECUTOR", ABSENT), getattr(LocalLauncher, "_EXECUTOR", ABSENT))
@@ -637,7 +611,9 @@ def test_singleton_state_travels_with_cloudpickle() -> None:
     from hydra.core.config_store import ConfigStore
     from hydra.core.singleton import Singleton
 
-    hook = Hook("hydra", "Singleton.get_state / set_state", "slurm.py", "Hydra's global state inside each job")
+    hook = Hook(
+        "hydra", "Singleton.get_state / set_state", "launch/launchers.py", "Hydra's global state inside each job"
+    )
     store = ConfigStore.instance()
     store.store(group="private_apis", name="sent", node={"a": 1})
     # submitit pickles the job's arguments (this state among them) with cloudpickle.
@@ -667,8 +643,10 @@ def test_load_sweep_config_and_run_job(tmp_path: Path) -> None:
     from hydra.core.utils import JobStatus, run_job, setup_globals
     from hydra.types import HydraContext
 
-    load = Hook("hydra", "ConfigLoader.load_sweep_config", "slurm.py", "composing each job's config")
-    run = Hook("hydra", "hydra.core.utils.run_job", "slurm.py", "running a sweep job in its submitit process")
+    load = Hook("hydra", "ConfigLoader.load_sweep_config", "launch/launchers.py", "composing each job's config")
+    run = Hook(
+        "hydra", "hydra.core.utils.run_job", "launch/launchers.py", "running a sweep job in its submitit process"
+    )
     conf = tmp_path / "conf"
     conf.mkdir()
     sweep = tmp_path / "sweep"
@@ -710,16 +688,16 @@ def test_load_sweep_config_and_run_job(tmp_path: Path) -> None:
 
 
 HYDRA_CONF_KEYS = [
-    ("sweep.dir", "loggers.py", "the sweep a job belongs to (wandb group)"),
-    ("sweep.subdir", "slurm.py", "each job's dir in the sweep"),
-    ("job.id", "slurm.py", "the SLURM job id in the job's config"),
-    ("job.num", "slurm.py", "the job's number in the sweep"),
-    ("job.override_dirname", "loggers.py", "wandb run names"),
+    ("sweep.dir", "train.py", "the sweep a job belongs to (wandb group)"),
+    ("sweep.subdir", "launch/launchers.py", "each job's dir in the sweep"),
+    ("job.id", "launch/launchers.py", "the SLURM job id in the job's config"),
+    ("job.num", "launch/launchers.py", "the job's number in the sweep"),
+    ("job.override_dirname", "train.py", "wandb run names"),
     ("runtime.output_dir", "train.py", "the run dir"),
-    ("overrides.task", "run_record.py", "the overrides recorded in manifest.json"),
+    ("overrides.task", "train.py", "the overrides recorded in manifest.json"),
     ("mode", "train.py", "telling a sweep job from a single run"),
-    ("output_subdir", "slurm.py", "no Hydra record from ranks > 0"),
-    ("job_logging", "slurm.py", "no log file from ranks > 0"),
+    ("output_subdir", "launch/launchers.py", "no Hydra record from ranks > 0"),
+    ("job_logging", "launch/launchers.py", "no log file from ranks > 0"),
 ]
 
 
@@ -736,13 +714,13 @@ def test_sweep_overrides_split_into_jobs() -> None:
     split = Hook(
         "hydra",
         "hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_arguments(overrides, max_batch_size)",
-        "schema.py",
+        "config/schema.py, config/compose.py",
         "composing and checking every job of a sweep before any run dir exists",
     )
     parse = Hook(
         "hydra",
         "OverridesParser.create().parse_overrides() -> Override.input_line / is_sweep_override()",
-        "schema.py",
+        "config/schema.py, config/compose.py",
         "reading a sweep's overrides (and the fixed ones, under another sweeper)",
     )
     parser_cls = reach("hydra.core.override_parser.overrides_parser.OverridesParser")
@@ -802,7 +780,12 @@ def test_composition_error_wording(tmp_path: Path, lib: str, override: str, patt
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
-    hook = Hook(lib, f"the composition error for {what}", "schema.py", "naming the key, value and allowed values")
+    hook = Hook(
+        lib,
+        f"the composition error for {what}",
+        "config/schema.py, config/compose.py",
+        "naming the key, value and allowed values",
+    )
     ConfigStore.instance().store(name="private_apis_schema", node=Schema)
     (tmp_path / "group").mkdir()
     (tmp_path / "group" / "one.yaml").write_text("v: 1\n")
@@ -913,7 +896,7 @@ class Recorder(Logger):
 BATCHES_THAT_STEPPED = Hook(
     "pytorch_lightning",
     "trainer.fit_loop.epoch_loop._batches_that_stepped",
-    "last_checkpoint.py",
+    "lightning_internals.py",
     "keeping the logging step equal to the optimizer step across resumes and the final validation",
 )
 
@@ -949,7 +932,7 @@ def test_update_train_step_metrics_logs_now(tmp_path: Path) -> None:
     hook = Hook(
         "pytorch_lightning",
         "trainer._logger_connector.update_train_step_metrics()",
-        "preemption.py",
+        "lightning_internals.py, resume/preemption.py",
         "logging the last step's metrics before exiting on a signal",
     )
     logger = Recorder()
@@ -975,7 +958,7 @@ def test_combined_loader_cleared_after_estimate(tmp_path: Path, reset: bool) -> 
     hook = Hook(
         "pytorch_lightning",
         "trainer.fit_loop._combined_loader",
-        "model.py",
+        "lightning_internals.py, resume/state.py",
         "building the training loader again after a restore, so it gets the saved position in the epoch",
     )
     seen: dict[str, Any] = {}
@@ -1002,7 +985,7 @@ def test_val_loop_run_after_fit(tmp_path: Path) -> None:
     hook = Hook(
         "pytorch_lightning",
         "trainer.fit_loop.epoch_loop.val_loop.run()",
-        "last_checkpoint.py",
+        "lightning_internals.py",
         "validating the final weights when training ended between validations",
     )
 
@@ -1033,7 +1016,7 @@ def test_batch_progress(tmp_path: Path, max_steps: int, whole_epoch: bool) -> No
     hook = Hook(
         "pytorch_lightning",
         "trainer.fit_loop.epoch_loop.batch_progress (current.processed, is_last_batch)",
-        "last_checkpoint.py, data.py, model.py",
+        "lightning_internals.py, data/images.py, tasks/classifier.py",
         "the position in the epoch saved with the loader, and telling a whole epoch from one cut by a budget",
     )
 
@@ -1071,20 +1054,20 @@ class Stateful(DataLoader):
 
 CHECKPOINT_KEYS = [
     *(
-        (("loops", "fit_loop", progress, part, count), "last_checkpoint.py")
+        (("loops", "fit_loop", progress, part, count), "lightning_internals.py")
         for progress in ("epoch_progress", "epoch_loop.batch_progress")
         for part in ("total", "current")
         for count in ("ready", "started", "processed", "completed")
     ),
-    (("loops", "fit_loop", "epoch_loop.batch_progress", "is_last_batch"), "last_checkpoint.py"),
-    (("loops", "fit_loop", "epoch_loop.state_dict", "_batches_that_stepped"), "last_checkpoint.py"),
-    (("loops", "fit_loop", "state_dict", "combined_loader"), "data.py"),
-    (("epoch",), "last_checkpoint.py"),
-    (("global_step",), "checkpoint.py"),
-    (("state_dict",), "checkpoint.py"),
-    (("loops",), "checkpoint.py"),
-    (("hyper_parameters",), "checkpoint.py"),
-    (("lr_schedulers",), "model.py"),
+    (("loops", "fit_loop", "epoch_loop.batch_progress", "is_last_batch"), "lightning_internals.py"),
+    (("loops", "fit_loop", "epoch_loop.state_dict", "_batches_that_stepped"), "lightning_internals.py"),
+    (("loops", "fit_loop", "state_dict", "combined_loader"), "lightning_internals.py, data/loaders.py"),
+    (("epoch",), "lightning_internals.py"),
+    (("global_step",), "resume/policy.py"),
+    (("state_dict",), "resume/policy.py"),
+    (("loops",), "resume/policy.py"),
+    (("hyper_parameters",), "resume/policy.py"),
+    (("lr_schedulers",), "lightning_internals.py, resume/state.py"),
 ]
 
 
@@ -1122,7 +1105,7 @@ def test_checkpoint_layout_and_resume(tmp_path: Path) -> None:
     io = WritingIO()
     tiny_trainer(tmp_path, max_steps=3, plugins=[io], callbacks=[SaveMidEpoch()]).fit(Tiny(True, loader))
 
-    writes = Hook("lightning_fabric", "TorchCheckpointIO.save_checkpoint", "last_checkpoint.py", "atomic writes")
+    writes = Hook("lightning_fabric", "TorchCheckpointIO.save_checkpoint", "training/checkpoint_io.py", "atomic writes")
     assert [Path(p) for p in WritingIO.written] == [path], writes.moved(f"Lightning wrote through it {io.written}")
     checkpoint = SaveMidEpoch.seen.get("checkpoint", {})
     for keys, user in CHECKPOINT_KEYS:
@@ -1131,14 +1114,14 @@ def test_checkpoint_layout_and_resume(tmp_path: Path) -> None:
     loader_state = Hook(
         "pytorch_lightning",
         "checkpoint['loops']['fit_loop']['state_dict']['combined_loader']",
-        "data.py",
+        "lightning_internals.py, data/loaders.py",
         "saving the training loader's position in the epoch",
     )
     saved = item(checkpoint, "loops", "fit_loop", "state_dict", "combined_loader")
     assert saved == [{"position": 5}], loader_state.moved(f"it holds {saved!r}")
 
     weights = Hook(
-        "torch", "torch.load(weights_only=True)", "checkpoint.py", "reading checkpoints without pickled code"
+        "torch", "torch.load(weights_only=True)", "resume/policy.py", "reading checkpoints without pickled code"
     )
     try:
         on_disk = torch.load(path, map_location="cpu", weights_only=True)
@@ -1156,7 +1139,7 @@ def test_checkpoint_layout_and_resume(tmp_path: Path) -> None:
     module_trainer = Hook(
         "pytorch_lightning",
         "LightningModule._trainer and trainer.state.fn",
-        "model.py",
+        "lightning_internals.py, resume/state.py",
         "checks that apply only when fit restores a checkpoint",
     )
     assert resumed.loaded_with == [True], module_trainer.moved(f"on_load_checkpoint saw {resumed.loaded_with}")
@@ -1168,7 +1151,7 @@ def test_set_epoch_reaches_batch_sampler(tmp_path: Path) -> None:
     hook = Hook(
         "lightning_fabric",
         "_set_sampler_epoch on dataloader.batch_sampler.sampler",
-        "sampling.py",
+        "data/sampling.py",
         "a new sample order every epoch from the global batch sampler",
     )
 
@@ -1200,7 +1183,7 @@ def test_ddp_launcher_is_configured_by_the_strategy() -> None:
     hook = Hook(
         "pytorch_lightning",
         "DDPStrategy._configure_launcher / _launcher",
-        "distributed.py",
+        "lightning_internals.py, training/strategy.py",
         "replacing Lightning's launcher with one that starts ranks from the job's saved config",
     )
     configured: list[type] = []
@@ -1235,7 +1218,7 @@ def test_subprocess_launcher_starts_children_through_the_hook(monkeypatch: pytes
     hook = Hook(
         "pytorch_lightning",
         "_SubprocessScriptLauncher.launch -> _call_children_scripts / procs",
-        "distributed.py",
+        "lightning_internals.py, training/strategy.py",
         "starting ranks 1..N-1 as `python -m hydralight.worker` and having Lightning watch them",
     )
     monkeypatch.delenv("LOCAL_RANK", raising=False)  # this process is the one that starts the others
@@ -1253,81 +1236,6 @@ def test_subprocess_launcher_starts_children_through_the_hook(monkeypatch: pytes
     assert observed == [["rank 1"]], hook.moved(f"the process observer watched {observed}, not the override's procs")
 
 
-# --- Logger internals the appending CSV logger overrides ---------------------------------------------------------
-
-
-def test_experiment_writer_hooks(tmp_path: Path) -> None:
-    from pytorch_lightning.loggers.csv_logs import ExperimentWriter
-
-    hook = Hook(
-        "pytorch_lightning",
-        "ExperimentWriter._check_log_dir_exists / _record_new_keys / metrics, metrics_keys, metrics_file_path",
-        "loggers.py",
-        "keeping one metrics.csv across the attempts of a run",
-    )
-    earlier = "loss,step\n1.0,0\n"
-
-    class Keeping(ExperimentWriter):
-        recorded = 0
-
-        def _check_log_dir_exists(self) -> None:
-            pass
-
-        def _record_new_keys(self) -> set[str]:
-            self.recorded += 1
-            return super()._record_new_keys()
-
-    # Lightning's own writer deletes an existing metrics.csv: that is the step the project overrides.
-    (tmp_path / "plain").mkdir()
-    (tmp_path / "plain" / "metrics.csv").write_text(earlier)
-    ExperimentWriter(log_dir=str(tmp_path / "plain"))
-    assert not (tmp_path / "plain" / "metrics.csv").exists(), hook.moved("it no longer deletes metrics.csv there")
-
-    (tmp_path / "keep").mkdir()
-    (tmp_path / "keep" / "metrics.csv").write_text(earlier)
-    writer = Keeping(log_dir=str(tmp_path / "keep"))
-    fields = {k: getattr(writer, k, ABSENT) for k in ("metrics", "metrics_keys", "metrics_file_path")}
-    wanted = {"metrics": [], "metrics_keys": [], "metrics_file_path": str(tmp_path / "keep" / "metrics.csv")}
-    assert fields == wanted, hook.moved(f"the writer's fields are {fields}")
-    writer.log_metrics({"loss": 0.5}, step=1)
-    writer.save()
-    assert writer.recorded == 1, hook.moved("save() no longer calls _record_new_keys")
-    rows = (tmp_path / "keep" / "metrics.csv").read_text().splitlines()
-    assert rows == ["loss,step", "1.0,0", "0.5,1"], hook.moved(f"metrics.csv is {rows}")
-
-
-def test_csv_logger_experiment_override(tmp_path: Path) -> None:
-    from lightning_fabric.loggers.logger import rank_zero_experiment
-    from pytorch_lightning.loggers import CSVLogger
-    from pytorch_lightning.loggers.csv_logs import ExperimentWriter
-
-    hook = Hook(
-        "pytorch_lightning",
-        "CSVLogger._experiment / root_dir / log_dir / experiment",
-        "loggers.py",
-        "giving the CSV logger the appending writer",
-    )
-
-    class Own(ExperimentWriter):
-        pass
-
-    class Logger_(CSVLogger):
-        @property
-        @rank_zero_experiment
-        def experiment(self) -> ExperimentWriter:
-            if self._experiment is None:
-                self._experiment = Own(log_dir=self.log_dir)
-            return self._experiment
-
-    logger = Logger_(str(tmp_path), name="run", flush_logs_every_n_steps=1)
-    assert getattr(logger, "_experiment", ABSENT) is None, hook.moved("a new logger has no `_experiment = None`")
-    dirs = (getattr(logger, "root_dir", ABSENT), getattr(logger, "log_dir", ABSENT))
-    assert all(isinstance(d, str) and d.startswith(str(tmp_path)) for d in dirs), hook.moved(f"dirs are {dirs}")
-    logger.log_metrics({"loss": 1.0}, step=0)
-    assert isinstance(logger._experiment, Own), hook.moved("log_metrics no longer goes through `experiment`")
-    assert Path(logger.log_dir, "metrics.csv").is_file(), hook.moved("flush_logs_every_n_steps=1 did not write")
-
-
 # --- torch and torchmetrics details -----------------------------------------------------------------------------
 
 
@@ -1337,7 +1245,7 @@ def test_mean_metric_states() -> None:
     hook = Hook(
         "torchmetrics",
         "MeanMetric.mean_value / weight",
-        "model.py",
+        "tasks/classifier.py",
         "carrying the epoch's running training loss through a mid-epoch checkpoint",
     )
     metric = MeanMetric()
@@ -1354,7 +1262,7 @@ def test_dataset_getitems_fetches_whole_batches() -> None:
     hook = Hook(
         "torch",
         "Dataset.__getitems__ (used by the DataLoader's map fetcher)",
-        "data.py",
+        "data/loaders.py",
         "the tensor loader: one index operation per batch instead of one call per sample",
     )
 
@@ -1377,10 +1285,12 @@ def test_dataset_getitems_fetches_whole_batches() -> None:
 
 
 def test_should_update_logs_says_which_training_steps_are_written(tmp_path: Path) -> None:
+    """The classifier hands Lightning its step loss only at the steps Lightning writes, which it computes from
+    public fields: (global_step + 1) % log_every_n_steps == 0. Lightning's own rule must stay that."""
     hook = Hook(
         "pytorch_lightning",
-        "trainer._logger_connector.should_update_logs",
-        "model.py",
+        "trainer._logger_connector.should_update_logs == (global_step + 1) % log_every_n_steps == 0",
+        "tasks/classifier.py",
         "logging the step loss only at the steps Lightning writes to the loggers",
     )
     logger = Recorder()
@@ -1390,6 +1300,8 @@ def test_should_update_logs_says_which_training_steps_are_written(tmp_path: Path
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             value = dig(self.trainer, "_logger_connector.should_update_logs")
             assert isinstance(value, bool), hook.moved(f"it is {value!r}")
+            rule = (self.global_step + 1) % self.trainer.log_every_n_steps == 0
+            assert value == rule, hook.moved(f"at step {self.global_step} it says {value}, the rule {rule}")
             asked.append(value)
             return super().training_step(batch, batch_idx)
 

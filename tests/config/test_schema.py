@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, one_line, run_cli
 
-from hydralight.schema import compose_jobs
+from hydralight.config.compose import Invocation, compose_jobs
 from hydralight.train import CONFIG_DIR
-
-HELPERS = Path(__file__).parent / "helpers"
 
 # (override, what the one line must say): the key, the value and what is allowed.
 REJECTED = [
@@ -75,17 +73,19 @@ def test_hydra_s_own_flags_and_sweeps_it_expands_itself_still_work(tmp_path):
     assert info.returncode == 0 and "structured://" in info.stdout, info.stderr[-2000:]
     globbed = run_cli(["-m", "model=glob(*)", "plan=true", f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
     models = len(list((ROOT / "src" / "hydralight" / "conf" / "model").glob("*.yaml")))
-    assert globbed.returncode == 0 and globbed.stdout.count("Resource plan") == models, globbed.stderr[-2000:]
+    assert globbed.returncode == 0 and globbed.stdout.count("Run plan") == models, globbed.stderr[-2000:]
     command = [sys.executable, str(ROOT / "train.py"), "resume=some/run", "--cfg", "job"]
     resumed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0 and "resume: some/run" in resumed.stdout, resumed.stderr[-2000:]
 
 
 def test_a_good_config_composes_with_its_types():
-    (cfg,) = compose_jobs(CONFIG_DIR, "train", ["optim.lr=2e-3", "precision=bf16-mixed", "mode=eval"])
+    (cfg,) = compose_jobs(
+        CONFIG_DIR, "train", Invocation(tuple(["optim.lr=2e-3", "precision=bf16-mixed", "mode=eval"]))
+    )
     assert cfg.optim.lr == 2e-3 and cfg.trainer.precision == "bf16-mixed" and cfg.mode == "eval"
     assert f"{cfg.trainer.precision}" == "bf16-mixed"  # choices print as their value
-    jobs = compose_jobs(CONFIG_DIR, "train", ["-m", "hardware=cpu,1gpu", "optim.lr=1e-3,2e-3"])
+    jobs = compose_jobs(CONFIG_DIR, "train", Invocation(tuple(["-m", "hardware=cpu,1gpu", "optim.lr=1e-3,2e-3"])))
     assert len(jobs) == 4 and {str(j.hardware.accelerator) for j in jobs} == {"cpu", "gpu"}
 
 
@@ -95,7 +95,7 @@ def test_trainer_schema_covers_every_argument_the_user_may_set():
 
     import pytorch_lightning as pl
 
-    from hydralight.schema import PLANNED, TrainerConf
+    from hydralight.config.schema import PLANNED, TrainerConf
 
     lightning = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
     typed = set(TrainerConf.__dataclass_fields__)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_cli
+from conftest import HELPERS, ROOT, TINY, run_cli
 
-from hydralight.run_dir import global_rank
+from hydralight.rundir.launch import global_rank
 
 pytestmark = pytest.mark.slow
 DDP2 = [*TINY, "hardware.devices=2"]
@@ -238,26 +238,20 @@ def test_a_failing_rank_ends_the_whole_run(tiny_data, tmp_path):
 
 
 def test_sync_batchnorm_is_torch_s_on_gpus_and_ours_on_cpu(tiny_data, tmp_path):
-    from hydra import compose, initialize_config_dir
+    from conftest import plan_of
 
-    from hydralight.invariance import GlobalBatchNorm
-    from hydralight.plan import Machine, make_plan
-    from hydralight.train import CONFIG_DIR
+    from hydralight.config.plan import Machine
+    from hydralight.keyed import GlobalBatchNorm
+    from hydralight.resume.policy import load_module
 
-    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        gpu = compose("train", overrides=["hardware=4gpu", "model=fastcnn", "model.sync_batchnorm=true"])
-        cpu = compose(
-            "train", overrides=["hardware=cpu", "hardware.devices=2", "model=fastcnn", "model.sync_batchnorm=true"]
-        )
-    on_gpus = make_plan(gpu, Machine(gpus=4, bf16=True, tf32=True, cpu_cores=32, memory_gb=256))
-    assert on_gpus.trainer_kwargs()["sync_batchnorm"] and not on_gpus.model_kwargs()["global_batchnorm"]
-    on_cpu = make_plan(cpu, Machine(cpu_cores=2))
-    assert not on_cpu.trainer_kwargs()["sync_batchnorm"] and on_cpu.model_kwargs()["global_batchnorm"]
+    gpu_box = Machine(gpus=4, bf16=True, tf32=True, cpu_cores=32, memory_gb=256)
+    on_gpus = plan_of("hardware=4gpu", "model=fastcnn", "model.sync_batchnorm=true", machine=gpu_box)
+    assert on_gpus.trainer_kwargs()["sync_batchnorm"] and not on_gpus.global_batchnorm
+    on_cpu = plan_of("hardware=cpu", "hardware.devices=2", "model=fastcnn", "model.sync_batchnorm=true")
+    assert not on_cpu.trainer_kwargs()["sync_batchnorm"] and on_cpu.global_batchnorm
     result = run_cli([*DDP2, "model=fastcnn", "model.sync_batchnorm=true"], tmp_path / "run", tiny_data)
     assert result.returncode == 0, result.stderr[-3000:]
-    from hydralight.checkpoint import load_classifier
-
-    model = load_classifier(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    model = load_module(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert sum(isinstance(m, GlobalBatchNorm) for m in model.modules()) == 2
 
 
@@ -279,7 +273,6 @@ def test_rank_is_read_in_lightning_s_order(monkeypatch, env, rank):
     assert global_rank() == rank
 
 
-HELPERS = Path(__file__).parent / "helpers"
 LONGER = [*DDP2, "trainer.limit_train_batches=null", "trainer.max_epochs=3"]
 
 

@@ -9,13 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, one_line, run_cli
+from conftest import HELPERS, ROOT, TINY, one_line, run_cli
 
-from hydralight import run_lock
 from hydralight.errors import UserError
-from hydralight.run_lock import RunDirLock
+from hydralight.rundir import lock as run_lock
+from hydralight.rundir.lock import RunDirLock
 
-HELPERS = Path(__file__).parent / "helpers"
 SLOW = [*TINY, "trainer.limit_train_batches=null", "trainer.max_epochs=3", "+callbacks.slow._target_=slow.SlowSteps",
         "+callbacks.slow.seconds=0.2"]  # fmt: skip
 
@@ -92,7 +91,12 @@ def test_heartbeat_keeps_the_lock_fresh(tmp_path, monkeypatch):
         assert time.time() - (tmp_path / ".lock").stat().st_mtime < 5
 
 
-def test_the_same_process_may_enter_twice(tmp_path):
-    with RunDirLock(tmp_path), RunDirLock(tmp_path / "." / ""):
+def test_a_run_dir_is_locked_once_a_second_lock_even_from_this_process_is_refused(tmp_path):
+    # The entrypoint takes the lock in one place; a second taker in the same process would be a bug.
+    with (
+        RunDirLock(tmp_path),
+        pytest.raises(UserError, match=f"in use by pid {os.getpid()}"),
+        RunDirLock(tmp_path / "." / ""),
+    ):
         pass
     assert not (tmp_path / ".lock").exists()

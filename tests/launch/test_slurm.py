@@ -10,11 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI, ROOT, TINY, csv_rows, run_cli
+from conftest import HELPERS, IN_CI, ROOT, TINY, csv_rows, run_cli
 
 # One worker runs every test of the shared cluster, one after another (`make test` runs two workers).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
-HELPERS = Path(__file__).parent / "helpers"
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,18 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT, TINY, csv_rows, run_cli
-from hydra import compose, initialize_config_dir
+from conftest import ROOT, TINY, compose_config, csv_rows, run_cli
+from conftest import plan_of as run_plan_of
 from omegaconf import OmegaConf
 
-from hydralight.plan import Machine, make_plan
-from hydralight.report import curves_figure, find_jobs, write_report
-from hydralight.scaling_report import machine_note, scaling_figure
-from hydralight.search_report import history_figure, load_search, pair_figure, params_figure
-from hydralight.train import CONFIG_DIR
+from hydralight.reports.scaling import machine_note, scaling_figure
+from hydralight.reports.search import load_search, load_study, write_search_plots
+from hydralight.reports.sweep import curves_figure, load_job, write_report
+from hydralight.rundir.outcome import find_jobs
+
+
+def jobs_of(sweep_dir):
+    return [load_job(outcome) for outcome in find_jobs(sweep_dir)]
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +120,6 @@ def test_a_failing_job_does_not_stop_the_sweep(tiny_data, tmp_path, launcher):
 
 # Synthetic sweep dirs, written as a real run writes its files: the report is checked on known numbers.
 
-CPU_BOX = Machine(cpu_cores=2, memory_gb=8.0)
 MACHINE = {"hostname": "box7", "cpu_model": "Test CPU", "cpu_cores": 2, "memory_gb": 8.0, "gpus": [],
            "cuda": None, "cudnn": None, "nccl": None}  # fmt: skip
 HEADER = ["epoch", "lr-Adam", "step", "test/acc", "test/loss", "test/samples", "train/loss_epoch",
@@ -125,8 +127,7 @@ HEADER = ["epoch", "lr-Adam", "step", "test/acc", "test/loss", "test/samples", "
 
 
 def plan_of(*overrides: str) -> dict:
-    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        return make_plan(compose("train", overrides=list(overrides)), CPU_BOX).to_dict()
+    return run_plan_of(*overrides).to_dict()
 
 
 def write_job(sweep_dir, name, overrides, *, plan=None, steps=10, vals=(), samples_per_s=1000.0, test_acc=0.9,
@@ -168,16 +169,17 @@ def test_curves_show_every_logged_point_by_step(tmp_path):
     # One-epoch runs: a val/acc per epoch would be one dot a job; by step every logged point shows.
     write_job(tmp_path, "0", ["optim.lr=0.001"], steps=12, vals=[(5, 0.8), (11, 0.9)])
     write_job(tmp_path, "1", ["optim.lr=0.01"], steps=7, vals=[(6, 0.95)])
-    jobs = find_jobs(tmp_path)
+    jobs = jobs_of(tmp_path)
     assert jobs[0].train_loss[:2] == [(0, 2.0), (1, 1.0)] and len(jobs[0].train_loss) == 12
-    assert jobs[0].val_acc == [(5, 0.8), (11, 0.9)]
-    assert (jobs[0].best_val_acc, jobs[0].curve) == (0.9, [(0, 0.9)])  # best of val/acc, per epoch kept
+    assert jobs[0].validation == [(5, 0.8), (11, 0.9)]
+    assert jobs[0].best == 0.9
     fig = curves_figure(jobs, ["optim.lr"])
     loss, acc = fig.axes[:2]
     assert [len(line.get_xdata()) for line in loss.lines] == [12, 7]
     assert [list(line.get_xdata()) for line in acc.lines] == [[5, 11], [6]]
-    assert [line.get_label() for line in acc.lines] == ["optim.lr=0.001", "optim.lr=0.01"]
-    assert (loss.get_xlabel(), loss.get_ylabel(), acc.get_ylabel()) == ("step", "train/loss_step", "val/acc")
+    # One legend beside the panels, values in 3 significant digits.
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["optim.lr=0.001", "optim.lr=0.01"]
+    assert (loss.get_xlabel(), loss.get_ylabel(), acc.get_ylabel()) == ("optimizer step", "training loss", "val/acc")
     summary = write_report(tmp_path)
     assert_png(tmp_path / "curves.png")
     assert summary["search"] is None and summary["scaling"] == [] and not (tmp_path / "scaling.png").exists()
@@ -187,6 +189,20 @@ SPACE = {
     "optim.lr": {"kind": "float", "low": 0.0001, "high": 0.03, "step": None, "log": True},
     "batch.global_size": {"kind": "categorical", "choices": [32, 64, 128]},
 }
+
+
+def write_study(sweep_dir, direction, space, params, values):
+    """The Optuna study of the search: its complete trials in the sweep dir's SQLite storage."""
+    import optuna
+
+    kinds = {"float": lambda d: optuna.distributions.FloatDistribution(d["low"], d["high"], log=d["log"]),
+             "categorical": lambda d: optuna.distributions.CategoricalDistribution(d["choices"])}  # fmt: skip
+    distributions = {k: kinds[d["kind"]](d) for k, d in space.items()}
+    study = optuna.create_study(study_name="search", storage=f"sqlite:///{sweep_dir / 'optuna.db'}",
+                                direction="maximize" if direction == "max" else "minimize")  # fmt: skip
+    for trial_params, value in zip(params, values, strict=False):
+        full = {k: trial_params.get(k, 0.7) for k in space}
+        study.add_trial(optuna.trial.create_trial(params=full, distributions=distributions, value=value))
 
 
 def write_search(sweep_dir, direction="max", space=SPACE):
@@ -220,6 +236,7 @@ def write_search(sweep_dir, direction="max", space=SPACE):
         },  # fmt: skip
     }
     (sweep_dir / "search.json").write_text(json.dumps(search))
+    write_study(sweep_dir, direction, space, params[:3], values)
 
 
 def table_rows(markdown: str, header: str) -> list[list[str]]:
@@ -250,43 +267,35 @@ def test_search_section_ranks_trials_in_the_studys_direction(tmp_path, direction
     assert "Command: `python train.py trainer.max_epochs=1 optim.lr=" in text
     assert f"Objective: val/acc, {direction}" in text and "Every trial: `trainer.max_epochs=1`" in text
     assert "5 trials: 3 complete, 1 failed, 1 running." in text
-    for name in ("history.png", "params.png", "heatmap.png", "curves.png"):
+    # Optuna's own plots of the study: history, slices, and for two parameters contour and importances.
+    for name in ("history.png", "slice.png", "contour.png", "importances.png", "curves.png"):
         assert_png(tmp_path / name)
         assert tmp_path / name in summary["files"] and f"]({name})" in text
 
 
-def test_search_plots_use_log_axes_where_the_space_says_log(tmp_path):
-    write_search(tmp_path)
-    search = load_search(tmp_path)
-    lr, size = params_figure(search).axes
-    assert (lr.get_xlabel(), lr.get_xscale()) == ("optim.lr", "log")
-    # A categorical parameter sits at positions 0, 1, 2, labelled with its choices.
-    assert (size.get_xscale(), [t.get_text() for t in size.get_xticklabels()]) == ("linear", ["32", "64", "128"])
-    assert sorted(size.lines[0].get_xdata()) == [0.0, 1.0, 2.0]
-    pair = pair_figure(search).axes[0]
-    assert (pair.get_xscale(), pair.get_yscale()) == ("log", "linear")
-    assert [list(p) for p in pair.collections[0].get_offsets()] == [[0.001, 1.0], [0.02, 0.0], [0.0003, 2.0]]
-    linear = load_search(tmp_path)
-    linear.space = {**SPACE, "optim.lr": {**SPACE["optim.lr"], "log": False}}
-    assert params_figure(linear).axes[0].get_xscale() == "linear"
+def test_search_plots_are_optunas_drawn_from_the_study(tmp_path):
+    from optuna.visualization import matplotlib as optuna_plots
 
-
-def test_search_history_marks_failures_and_the_best_so_far(tmp_path):
     write_search(tmp_path, "min")
-    ax = history_figure(load_search(tmp_path)).axes[0]
-    trials, best, failed = ax.lines
-    assert list(trials.get_xdata()) == [0, 1, 2] and list(trials.get_ydata()) == [0.95, 0.97, 0.91]
-    # The lowest so far (direction min), held to the last trial.
-    assert list(best.get_xdata()) == [0, 1, 2, 4] and list(best.get_ydata()) == [0.95, 0.95, 0.91, 0.91]
-    assert list(failed.get_xdata()) == [3] and failed.get_label() == "failed"
+    search = load_search(tmp_path)
+    study = load_study(search, tmp_path)
+    assert len(study.trials) == 3 and study.best_value == 0.91  # the lowest: direction min
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lr = next(ax for ax in optuna_plots.plot_slice(study).ravel() if ax.get_xlabel() == "optim.lr")
+    assert lr.get_xscale() == "log"  # the space's log-uniform learning rate
+    (tmp_path / "optuna.db").unlink()
+    search.storage = None
+    assert write_search_plots(search, tmp_path, tmp_path / "out") == []  # no study: the table still stands
 
 
 def test_a_search_of_three_parameters_has_no_heatmap(tmp_path):
     space = {**SPACE, "optim.momentum": {"kind": "float", "low": 0.5, "high": 0.99, "step": None, "log": False}}
     write_search(tmp_path, space=space)
     write_report(tmp_path)
-    assert not (tmp_path / "heatmap.png").exists()
-    assert len(params_figure(load_search(tmp_path)).axes) == 3
+    assert not (tmp_path / "heatmap.png").exists() and (tmp_path / "slice.png").is_file()
 
 
 def test_scaling_efficiency_from_known_samples_per_second(tmp_path):
@@ -297,7 +306,7 @@ def test_scaling_efficiency_from_known_samples_per_second(tmp_path):
                   samples_per_s=speed)  # fmt: skip
     # The world size is the plan's, not the override's: `auto` resolved to one process here.
     write_job(tmp_path, "3", ["experiment=scaling", "hardware=cpu", "hardware.devices=auto"], samples_per_s=1000.0)
-    jobs = find_jobs(tmp_path)
+    jobs = jobs_of(tmp_path)
     assert [j.world_size for j in jobs] == [1, 2, 4, 1]
     summary = write_report(tmp_path)
     points = {p.world_size: p for p in summary["scaling"]}
@@ -340,14 +349,14 @@ def test_no_scaling_section_when_every_job_ran_on_one_world_size(tmp_path):
 
 
 def test_the_scaling_preset_composes_a_fixed_step_job():
-    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=["experiment=scaling", "hardware=cpu", "hardware.devices=2"])
+    cfg = compose_config("experiment=scaling", "hardware=cpu", "hardware.devices=2")
     trainer = cfg.trainer
     assert trainer.max_epochs is None and trainer.max_steps > 0 and trainer.check_val_every_n_epoch is None
     # One validation, at the last step: the best-checkpoint callback still sees its metric.
     assert trainer.val_check_interval == trainer.max_steps
     assert cfg.callbacks.model_checkpoint.monitor == "val/acc" and cfg.callbacks.last_checkpoint is None
-    assert "csv" in cfg.logger and make_plan(cfg, CPU_BOX).hardware.world_size == 2
+    plan = run_plan_of("experiment=scaling", "hardware=cpu", "hardware.devices=2")
+    assert plan.loggers == {} and plan.hardware.world_size == 2  # the history (csv/metrics.csv) alone
 
 
 @pytest.mark.slow

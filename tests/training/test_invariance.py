@@ -8,17 +8,17 @@ import pytest
 import torch
 from torch import nn
 
-from hydralight.invariance import (
+from hydralight.keyed import (
     GlobalBatchNorm,
     SampleDropout,
-    invariance_report,
     keyed,
     keyed_shift,
     sample_keys,
     uniform,
     with_sample_dropout,
 )
-from hydralight.model import Classifier
+from hydralight.tasks.classifier import Classifier
+from hydralight.training.invariance import invariance_report, make_invariant
 
 
 def dropped(layer: nn.Module, x: torch.Tensor, ids: torch.Tensor, seed: int = 7, epoch: int = 0) -> torch.Tensor:
@@ -97,12 +97,12 @@ def test_the_report_names_what_is_not_keyed():
         sample_ids = True
         shards_by_rank = True
 
-    keyed_net = Classifier(net={"_target_": "hydralight.model.SeedCNN"}, optimizer={}, lr=1e-3)
+    keyed_net = make_invariant(Classifier(net={"_target_": "hydralight.tasks.nets.SeedCNN"}), True, False)
     assert invariance_report(keyed_net, Data(), sync_batchnorm=False) == {"holds": True, "reasons": []}
-    stock = Classifier(net={"_target_": "hydralight.model.SeedCNN"}, optimizer={}, lr=1e-3, invariant_dropout=False)
+    stock = Classifier(net={"_target_": "hydralight.tasks.nets.SeedCNN"})
     report = invariance_report(stock, Data(), sync_batchnorm=False)
     assert not report["holds"] and len(report["reasons"]) == 2 and "net.5 is torch's Dropout" in report["reasons"][0]
-    bn = Classifier(net={"_target_": "hydralight.model.FastCNN"}, optimizer={}, lr=1e-3)
+    bn = make_invariant(Classifier(net={"_target_": "hydralight.tasks.nets.FastCNN"}), True, False)
     assert "model.sync_batchnorm=true" in invariance_report(bn, Data(), sync_batchnorm=False)["reasons"][0]
     assert invariance_report(bn, Data(), sync_batchnorm=True)["holds"]
     unsharded = invariance_report(keyed_net, object(), sync_batchnorm=False)["reasons"]

@@ -4,14 +4,13 @@ import json
 import socket
 import sys
 import time
-from pathlib import Path
 
-from conftest import TINY, run_cli
+from conftest import HELPERS, TINY, run_cli
 
-sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+sys.path.insert(0, str(HELPERS))
 from wandb_file import records  # noqa: E402
 
-from hydralight.loggers import wandb_server_unreachable  # noqa: E402
+from hydralight.training.loggers import wandb_server_unreachable  # noqa: E402
 
 SECRET = "planted-secret-4f9a2c"
 

@@ -9,9 +9,15 @@ import torch
 from conftest import TINY, csv_rows, one_line, run_cli
 
 from hydralight.errors import UserError
-from hydralight.model import Classifier, FastCNN, build_net
+from hydralight.tasks.classifier import Classifier
+from hydralight.tasks.nets import FastCNN, build_net
 
-NETS = ["hydralight.model.SeedCNN", "hydralight.model.FastCNN", "hydralight.model.MLP", "hydralight.model.small_resnet"]
+NETS = [
+    "hydralight.tasks.nets.SeedCNN",
+    "hydralight.tasks.nets.FastCNN",
+    "hydralight.tasks.nets.MLP",
+    "hydralight.tasks.nets.small_resnet",
+]
 
 
 @pytest.mark.parametrize("target", NETS)
@@ -23,9 +29,9 @@ def test_networks_follow_channels_image_size_and_classes(target, shape):
 
 def test_mnist_networks_are_unchanged_and_explicit_settings_win():
     # The sizes networks had before they were passed: older checkpoints keep loading.
-    assert build_net({"_target_": "hydralight.model.SeedCNN"}, 10, (1, 28, 28))[7].in_features == 64 * 12 * 12
-    assert build_net({"_target_": "hydralight.model.FastCNN"}, 10, (1, 28, 28))[9].in_features == 32 * 7 * 7
-    net = build_net({"_target_": "hydralight.model.MLP", "num_classes": 3}, 10, (1, 28, 28))
+    assert build_net({"_target_": "hydralight.tasks.nets.SeedCNN"}, 10, (1, 28, 28))[7].in_features == 64 * 12 * 12
+    assert build_net({"_target_": "hydralight.tasks.nets.FastCNN"}, 10, (1, 28, 28))[9].in_features == 32 * 7 * 7
+    net = build_net({"_target_": "hydralight.tasks.nets.MLP", "num_classes": 3}, 10, (1, 28, 28))
     assert net[-1].out_features == 3
     # A torchvision builder takes num_classes through **kwargs.
     assert build_net({"_target_": "torchvision.models.resnet18"}, 4, (3, 32, 32)).fc.out_features == 4
@@ -35,26 +41,30 @@ def test_fastcnn_kernels_default_to_5x5_and_keep_the_map_size():
     def kernels(net: torch.nn.Module) -> list[tuple[int, ...]]:
         return [m.kernel_size for m in net if isinstance(m, torch.nn.Conv2d)]
 
-    assert kernels(build_net({"_target_": "hydralight.model.FastCNN"}, 10, (1, 28, 28))) == [(5, 5), (5, 5)]
-    net = build_net({"_target_": "hydralight.model.FastCNN", "kernels": [5, 3]}, 10, (1, 28, 28))
+    assert kernels(build_net({"_target_": "hydralight.tasks.nets.FastCNN"}, 10, (1, 28, 28))) == [(5, 5), (5, 5)]
+    net = build_net({"_target_": "hydralight.tasks.nets.FastCNN", "kernels": [5, 3]}, 10, (1, 28, 28))
     assert kernels(net) == [(5, 5), (3, 3)] and net(torch.randn(2, 1, 28, 28)).shape == (2, 10)
     with pytest.raises(ValueError, match="odd sizes"):
         FastCNN(kernels=[4, 3])
 
 
-def test_weights_for_other_data_sizes_are_refused_in_one_line():
-    model = Classifier(
-        net={"_target_": "hydralight.model.MLP"}, optimizer={}, lr=1e-3, num_classes=5, input_shape=(3, 8, 8)
-    )
-    with pytest.raises(UserError, match="trained on data with 10 classes of shape \\[1, 28, 28\\]"):
-        model.check_task_sizes({}, "old.ckpt")  # a checkpoint from before sizes were saved: MNIST's
-    model.check_task_sizes({"num_classes": 5, "input_shape": [3, 8, 8]}, "same.ckpt")
+def test_a_timm_network_gets_the_task_s_channels_and_classes():
+    pytest.importorskip("timm", reason="timm is an optional extra: pip install 'hydralight[timm]'")
+    net = build_net({"_target_": "hydralight.tasks.nets.timm_net", "name": "resnet18"}, 7, (1, 28, 28))
+    assert net(torch.randn(2, 1, 28, 28)).shape == (2, 7)
+    with pytest.raises(UserError, match="model.net.name=resnet1800 is not a timm model"):
+        build_net({"_target_": "hydralight.tasks.nets.timm_net", "name": "resnet1800"}, 7, (1, 28, 28))
+
+
+def test_a_network_argument_its_constructor_lacks_is_one_line_naming_where_it_came_from():
+    with pytest.raises(UserError, match=r"model.net.dropout is not an argument of MLP .*came from model=cnn"):
+        build_net({"_target_": "hydralight.tasks.nets.MLP", "dropout": 0.25}, 10, (1, 28, 28), origin="model=cnn")
 
 
 def test_channels_last_computes_the_same_as_contiguous():
     torch.manual_seed(0)
-    plain = Classifier(net={"_target_": "hydralight.model.FastCNN"}, optimizer={}, lr=1e-3).eval()
-    nhwc = Classifier(net={"_target_": "hydralight.model.FastCNN"}, optimizer={}, lr=1e-3, channels_last=True).eval()
+    plain = Classifier(net={"_target_": "hydralight.tasks.nets.FastCNN"}).eval()
+    nhwc = Classifier(net={"_target_": "hydralight.tasks.nets.FastCNN"}, channels_last=True).eval()
     nhwc.load_state_dict(plain.state_dict())
     assert nhwc.net[0].weight.is_contiguous(memory_format=torch.channels_last)
     x = torch.randn(4, 1, 28, 28)

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import IN_CI, TINY, csv_rows, one_line, run_cli
+from conftest import HELPERS, IN_CI, TINY, csv_rows, one_line, run_cli
 
-HELPERS = Path(__file__).parent / "helpers"
 # Tiny MNIST: 500 training samples, global batch 32 -> 15 optimizer steps an epoch.
 BASE = [*TINY, "trainer.limit_train_batches=null", "seed=3", "callbacks.last_checkpoint.every_n_steps=null"]
 

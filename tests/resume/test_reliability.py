@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TINY, one_line, run_cli, write_idx
+from conftest import HELPERS, ROOT, TINY, one_line, run_cli, write_idx
 
-HELPERS = Path(__file__).parent / "helpers"
 LONG = [*TINY, "model=cnn", "trainer.limit_train_batches=null", "trainer.max_epochs=3", "seed=9",
         "callbacks.last_checkpoint.every_n_steps=4"]  # fmt: skip
 
@@ -111,7 +110,9 @@ def test_unknown_option_lists_the_choices(tiny_data, tmp_path, override):
 
 
 def test_learning_rate_must_be_positive(tiny_data, tmp_path):
-    assert "optim.lr=-0.1 must be positive" in one_line(run_cli([*TINY, "optim.lr=-0.1"], tmp_path / "run", tiny_data))
+    assert "optim.lr=-0.1 must be a positive number" in one_line(
+        run_cli([*TINY, "optim.lr=-0.1"], tmp_path / "run", tiny_data)
+    )
 
 
 def test_checkpoint_that_does_not_exist(tiny_data, tmp_path):

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hydralight.sampling import GlobalBatchSampler, ShardSampler
+from hydralight.data.sampling import GlobalBatchSampler, ShardSampler
 
 
 def steps(sampler: GlobalBatchSampler) -> list[list[torch.Tensor]]:

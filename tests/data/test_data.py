@@ -3,7 +3,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import write_idx
+from conftest import HELPERS, write_idx
 
 from hydralight.data import MNISTDataModule, load_split
 from hydralight.errors import UserError
@@ -67,18 +67,13 @@ def test_missing_data_without_download_says_where_and_how(tmp_path):
 
 
 def test_fashion_mnist_composes_and_reads_its_own_idx_files(tmp_path):
-    from conftest import make_mnist
-    from hydra import compose, initialize_config_dir
+    from conftest import make_mnist, plan_of
 
     from hydralight.data import FashionMNISTDataModule, build_datamodule
-    from hydralight.plan import Machine, make_plan
-    from hydralight.train import CONFIG_DIR
 
     make_mnist(tmp_path, name="FashionMNIST")
-    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=["data=fashion_mnist", f"data.data_dir={tmp_path}", "data.val_size=100"])
-    plan = make_plan(cfg, Machine(cpu_cores=2))
-    dm = build_datamodule(cfg.data, plan.data_kwargs(), seed=0)
+    plan = plan_of("data=fashion_mnist", f"data.data_dir={tmp_path}", "data.val_size=100", "seed=0")
+    dm = build_datamodule(plan.data.spec, plan.data.offered)
     assert isinstance(dm, FashionMNISTDataModule) and (dm.num_classes, dm.input_shape) == (10, (1, 28, 28))
     dm.setup("fit")
     assert [len(dm.splits[s]) for s in ("train", "val", "test")] == [500, 100, 200]
@@ -92,17 +87,19 @@ def test_fashion_mnist_composes_and_reads_its_own_idx_files(tmp_path):
 def test_the_core_gives_a_data_module_the_planned_settings_its_constructor_takes(monkeypatch):
     from hydralight.data import datamodule_kwargs, shards_by_rank
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "helpers"))
+    monkeypatch.syspath_prepend(str(HELPERS))
     planned = {"global_size": 64, "batch_size": 16, "accumulation": 2, "eval_size": 100, "num_workers": 3,
-               "pin_memory": True, "persistent_workers": True, "drop_last": True}  # fmt: skip
-    ours = datamodule_kwargs({"_target_": "hydralight.data.ImageFolderDataModule", "root": "x"}, planned, seed=1)
+               "pin_memory": True, "persistent_workers": True, "drop_last": True, "seed": 1}  # fmt: skip
+    ours = datamodule_kwargs({"_target_": "hydralight.data.ImageFolderDataModule", "root": "x"}, planned)
     assert "batch_size" not in ours and ours["global_size"] == 64 and ours["seed"] == 1
     plain = {"_target_": "plain_datamodule.PlainDataModule", "record_dir": "x"}
-    assert datamodule_kwargs(plain, planned, seed=1) == {"batch_size": 16, "num_workers": 3}
+    assert datamodule_kwargs(plain, planned) == {"batch_size": 16, "num_workers": 3}
     with pytest.raises(UserError, match="data.batch_size is set by the plan; set batch.global_size"):
-        datamodule_kwargs({**plain, "batch_size": 8}, planned, seed=1)
+        datamodule_kwargs({**plain, "batch_size": 8}, planned)
     with pytest.raises(UserError, match="takes neither batch_size nor global_size"):
-        datamodule_kwargs({"_target_": "pytorch_lightning.LightningDataModule"}, planned, seed=1)
+        datamodule_kwargs({"_target_": "pytorch_lightning.LightningDataModule"}, planned)
+    with pytest.raises(UserError, match=r"data.shuffle_buffer is not an argument of PlainDataModule"):
+        datamodule_kwargs({**plain, "shuffle_buffer": 8}, planned)
     from plain_datamodule import PlainDataModule
 
     assert shards_by_rank(MNISTDataModule("x")) and not shards_by_rank(PlainDataModule("x"))

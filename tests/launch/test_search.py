@@ -12,8 +12,8 @@ from test_slurm import cluster  # noqa: F401  (the fixture that brings the local
 from test_slurm import sweep as slurm_sweep
 
 from hydralight.errors import UserError
-from hydralight.report import write_report
-from hydralight.search import override_text, reproduce_command, to_dimension
+from hydralight.launch.search import override_text, reproduce_command, to_dimension
+from hydralight.reports.sweep import write_report
 
 # A short trial: a few steps of the MLP on tiny data, so the learning rate decides the validation accuracy.
 TRIAL = [*TINY, "trainer.limit_train_batches=3", "batch.global_size=choice(16, 32, 64)"]
@@ -80,12 +80,12 @@ def test_a_search_survives_a_failing_trial_and_names_the_best(tiny_data, tmp_pat
         assert trial["value"] == pytest.approx(best_val(sweep_dir / trial["job"]), abs=1e-6)
     best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
     assert best["value"] == max(t["value"] for t in complete)
-    assert best["metric"] == "val/acc" and best["test/acc"] is not None
+    assert best["metric"] == "val/acc" and best["test"]["test/acc"] is not None
     assert "hparams_search" not in best["command"] and f"optim.lr={best['params']['optim.lr']!r}" in best["command"]
     assert "search" in result.stdout + result.stderr and "1 failed" in result.stdout + result.stderr
     # The report of the search dir: trials ranked, the failed one with its reason, and the plots.
     summary = write_report(sweep_dir)
-    assert {p.name for p in summary["files"]} >= {"history.png", "params.png", "heatmap.png", "curves.png"}
+    assert {p.name for p in summary["files"]} >= {"history.png", "slice.png", "contour.png", "curves.png"}
     report = (sweep_dir / "report.md").read_text()
     assert "the loss is" in report and best["command"] in report
     # The command in best.yaml is the best trial again, as a single run.

@@ -6,7 +6,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
-from hydralight.plan import Machine, make_plan
+from hydralight.config.plan import Machine
+from hydralight.config.resolve import JobInfo, resolve
 from hydralight.train import CONFIG_DIR
 
 GPU_BOX = Machine(gpus=8, gpu_name="NVIDIA H100", bf16=True, tf32=True, cpu_cores=64, memory_gb=1000)
@@ -46,7 +47,8 @@ def test_option_composes_and_plans(group, option):
         del cfg["hydra"]
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert resolved["paths"]["output_dir"] == "/tmp/run"
-    plan = make_plan(cfg, GPU_BOX)
+    plan = resolve(cfg, GPU_BOX, JobInfo(run_dir="/tmp/run"))
+    assert plan.paths.run_dir == "/tmp/run" and plan.model.spec["_target_"] and plan.data.spec["_target_"]
     assert plan.task.per_device_size * plan.hardware.world_size * plan.task.accumulation == plan.task.global_size
     if group == "precision":
         assert plan.framework.precision == option

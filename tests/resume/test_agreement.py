@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import torch
 
-from hydralight import agreement as agreement_module
-from hydralight.agreement import StepAgreement
+from hydralight.resume import agreement as agreement_module
+from hydralight.resume.agreement import StepAgreement
 
 
 class Strategy:

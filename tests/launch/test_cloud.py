@@ -74,7 +74,7 @@ def test_shipped_configuration_ships_the_project(name):
 
 @pytest.mark.parametrize("hardware", gpu_profiles())
 def test_every_gpu_profile_ships_the_project(hardware):
-    from hydralight.cloud import task_config
+    from hydralight.launch.dstack import task_config
 
     overrides = [f"hardware={hardware}"]
     with initialize_config_dir(CONFIG_DIR, version_base="1.3"):

@@ -127,10 +127,16 @@ def test_a_run_returns_its_best_validation_value_never_a_test_metric(objective, 
     run = tmp_path / "run"
     overrides = [*TINY, "trainer.max_epochs=3", *objective, f"paths.output_dir={run}", "paths.root_dir=."]
     code = (
-        "import sys; from hydralight.schema import compose_jobs; from hydralight.train import CONFIG_DIR, run\n"
-        "(cfg,) = compose_jobs(CONFIG_DIR, 'train', sys.argv[1:]); print('returned', run(cfg))"
+        "import sys\n"
+        "from hydralight.config.compose import Invocation, compose_jobs\n"
+        "from hydralight.config.resolve import JobInfo, resolve\n"
+        "from hydralight.train import CONFIG_DIR, run\n"
+        "from hydralight.training.machine import detect\n"
+        "(cfg,) = compose_jobs(CONFIG_DIR, 'train', Invocation(tuple(sys.argv[1:])))\n"
+        "machine = detect()\n"
+        "print('returned', run(resolve(cfg, machine, JobInfo(run_dir=cfg.paths.output_dir)), machine))"
     )
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"} | {"DATA_DIR": str(tiny_data)}
+    env = {**os.environ, "DATA_DIR": str(tiny_data)}
     result = subprocess.run([sys.executable, "-c", code, *overrides], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     returned = float(result.stdout.split("returned ")[-1])
@@ -138,7 +144,8 @@ def test_a_run_returns_its_best_validation_value_never_a_test_metric(objective, 
     validated = [float(row[metric]) for row in csv_rows(run) if metric in row]
     assert len(validated) == 3 and returned == pytest.approx(pick(validated))
     results = json.loads((run / "results.json").read_text())
-    assert results["objective"] == {"metric": metric, "value": pytest.approx(returned)}
+    direction = "min" if objective else "max"
+    assert results["objective"] == {"metric": metric, "direction": direction, "value": pytest.approx(returned)}
 
 
 @pytest.mark.parametrize("debug", ["fast_dev_run", "overfit", "profiler"])

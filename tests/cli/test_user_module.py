@@ -1,0 +1,190 @@
+"""A user's own LightningModule and LightningDataModule (tests/helpers/user_project: a package and ./conf of
+the folder the run starts from, written without any part of hydralight) through `train.py`: trained as
+they are, judged by their own validation metric, continued, refused in one line where they cannot run."""
+
+import json
+import signal
+
+import pytest
+import torch
+import yaml
+from conftest import HELPERS, TINY, csv_rows, one_line, run_cli
+
+PROJECT = HELPERS / "user_project"
+# A regression module on dict batches, judged by its validation mean squared error.
+# 512 training points in global batches of 32: 16 steps an epoch.
+REGRESSION = ["model=regressor", "data=points", "hardware=cpu", "objective.metric=val/mse", "batch.global_size=32",
+              "objective.direction=min", "trainer.max_epochs=3", "trainer.log_every_n_steps=2"]  # fmt: skip
+
+
+def user_run(args, run, data=None, **env):
+    return run_cli(args, run, data, cwd=PROJECT, **{"PYTHONPATH": str(PROJECT), **env})
+
+
+def ok(result):
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    return result
+
+
+def results(run):
+    return json.loads((run / "results.json").read_text())
+
+
+def test_a_user_module_trains_as_it_is_and_is_judged_by_its_own_metric(tmp_path):
+    run = tmp_path / "run"
+    result = ok(user_run([*REGRESSION, "optim.lr=0.01"], run))
+    lines = result.stdout.splitlines()
+    # The plan line shows the learning rate the module received; the last line its own test metric.
+    assert lines[0].startswith("plan: 1 cpu process") and "lr 0.01" in lines[0] and "Regressor" in lines[0]
+    assert lines[-1].startswith("test/mse=") and "Traceback" not in result.stderr
+    found = results(run)
+    validated = [float(r["val/mse"]) for r in csv_rows(run) if "val/mse" in r]
+    assert len(validated) == 3 and found["objective"] == {"metric": "val/mse", "direction": "min",
+                                                            "value": pytest.approx(min(validated))}  # fmt: skip
+    assert found["test"]["test/mse"] == pytest.approx(float(lines[-1].split()[0].split("=")[1]), abs=1e-4)
+    assert "epoch000-step" not in found["best_checkpoint"] or min(validated) == validated[0]
+    # Its constructor got the plan's lr and the data's input size; its own hyperparameters are saved plain.
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["hyper_parameters"] == {"in_features": 4, "hidden": 32, "lr": 0.01, "dropout": 0.1}
+    assert json.loads((run / "ranks" / "rank0.json").read_text())["lr"] == 0.01
+    # Its dropout is keyed by the project where it can be: these batches carry no sample ids, and it says so.
+    reasons = found["world_size_invariance"]["reasons"]
+    assert any("no sample ids" in r for r in reasons) and any("does not shard by rank" in r for r in reasons)
+
+
+def test_a_user_module_continues_after_a_stop_and_a_larger_budget_and_refuses_other_settings(tmp_path):
+    run = tmp_path / "run"
+    stop = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=5"]
+    first = user_run([*REGRESSION, *stop], run, PYTHONPATH=f"{PROJECT}:{HELPERS}")
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr[-2000:]
+    ok(user_run(REGRESSION, run))  # the same command: continues from its own checkpoint
+    # Its loader keeps no position inside an epoch: the stopped epoch starts over, its 5 steps stay taken.
+    found = results(run)
+    assert found["global_step"] == 3 * 16 + 5 and found["epoch"] == 3, found
+    assert "start of the epoch" in found["resumed_at"]
+    ok(user_run([*REGRESSION, "trainer.max_epochs=4"], run))
+    assert results(run)["global_step"] == 4 * 16 + 5
+    # Another architecture is refused, naming the key; a new learning rate (no schedule) is applied.
+    line = one_line(user_run([*REGRESSION, "trainer.max_epochs=5", "model.hidden=64"], run))
+    assert "model.hidden differs" in line and "(32, now 64)" in line and "init_from=" in line
+    applied = ok(user_run([*REGRESSION, "trainer.max_epochs=5", "optim.lr=0.003"], run))
+    assert "learning rate 0.001 -> 0.003: applied to the restored optimizer" in applied.stderr + applied.stdout
+    steps = [int(r["step"]) for r in csv_rows(run) if "val/mse" in r]
+    assert steps == sorted(set(steps)) and len(steps) == 5  # one validation per epoch, each once
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["+model.lr=0.1"], "model.lr is set by the plan; set optim.lr instead"),
+        (["+model.width=3"], "model.width is not an argument of Regressor (it takes dropout, hidden, in_features, lr)"),
+        (["optim=sgd"], "optim=sgd is given, but Regressor takes no optimizer argument"),
+        (["model=template", "optim.lr=0.1"], "optim.lr=0.1 is given, but TemplateModule takes no lr argument"),
+        (["model._target_=torch.nn.Linear"], "is a torch nn.Module, not a LightningModule"),
+        (["model._target_=my_tasks.nowhere.Module"], "model._target_=my_tasks.nowhere.Module cannot be imported"),
+        (
+            ["objective.metric=val/mae"],
+            "objective.metric=val/mae is not logged in validation by Regressor (it logs val/mse)",
+        ),
+        (["+data.shuffle=true"], "data.shuffle is not an argument of RegressionData"),
+    ],
+)
+def test_what_a_user_module_cannot_take_is_one_line(tmp_path, args, said):
+    line = one_line(user_run([*REGRESSION, *args], tmp_path / "run"))
+    assert said in line, line
+    if "objective" not in args[0]:
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_module_without_validation_keeps_its_last_checkpoint_and_has_no_objective(tmp_path):
+    run = tmp_path / "run"
+    result = ok(user_run(["model=novalidation", "data=points", "hardware=cpu", "trainer.max_steps=6"], run))
+    found = results(run)
+    assert found["objective"]["value"] is None and found["best_checkpoint"] == str(run / "checkpoints" / "last.ckpt")
+    assert "no validation step" in result.stderr + result.stdout
+    assert result.stdout.splitlines()[-1].startswith("no test metrics (the module has no test step); no objective")
+    search = user_run(["-m", "model=novalidation", "data=points", "hparams_search=optuna",
+                       f"hydra.sweep.dir={tmp_path / 'search'}"], tmp_path)  # fmt: skip
+    assert "a search tunes val/acc" in one_line(search) and not (tmp_path / "search").exists()
+
+
+def test_a_lightning_hydra_template_module_gets_its_network_and_optimizer_built_by_hydra(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    args = ["model=template", "hardware=cpu", "data.val_size=100", "batch.global_size=32", "trainer.max_steps=4"]
+    ok(user_run(args, run, tiny_data))
+    # Hydra built the network and a partial optimizer; the checkpoint holds their configs, readable without code.
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["hyper_parameters"]["optimizer"] == {"_target_": "torch.optim.Adam", "_partial_": True, "lr": 0.001}
+    ok(user_run([*args[:-1], "trainer.max_steps=8"], run, tiny_data))
+    assert results(run)["global_step"] == 8
+    line = one_line(user_run([*args, "optim=sgd"], tmp_path / "other", tiny_data))
+    assert "model.optimizer in its own config decides its optimizer" in line
+
+
+def test_the_built_in_classifier_refuses_batches_it_cannot_train_on_and_leaves_no_run_dir(tmp_path):
+    line = one_line(user_run(["data=points", "hardware=cpu", "model=mlp", "trainer.max_steps=2"], tmp_path / "run"))
+    assert "the built-in classifier trains on batches (inputs, labels)" in line and "dicts with keys x, y" in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_user_module_on_two_processes_sweeps_and_searches_its_own_metric(tmp_path):
+    run = tmp_path / "ddp"
+    ok(user_run([*REGRESSION, "hardware.devices=2", "trainer.max_epochs=2"], run))
+    assert [json.loads((run / "ranks" / f"rank{r}.json").read_text())["world_size"] for r in (0, 1)] == [2, 2]
+    sweep = tmp_path / "sweep"
+    ok(user_run(["-m", *REGRESSION, "trainer.max_epochs=2", "model.hidden=8,32", f"hydra.sweep.dir={sweep}"], tmp_path))
+    from hydralight.reports.sweep import write_report
+
+    summary = write_report(sweep)
+    assert summary["finished"] == 2 and "best val/mse" in (sweep / "report.md").read_text()
+    best = [float(r[3]) for r in summary["rows"]]
+    assert best == sorted(best)  # lowest first: the objective's direction
+    search = tmp_path / "search"
+    result = user_run(["-m", *REGRESSION, "trainer.max_epochs=2", "hparams_search=optuna", "hydra.sweeper.n_trials=3",
+                       "hydra.sweeper.n_jobs=1", "~hydra.sweeper.params", "+hydra.sweeper.params={optim.lr: 'tag(log, interval(1e-3, 3e-2))'}",
+                       f"hydra.sweep.dir={search}"], tmp_path)  # fmt: skip
+    ok(result)
+    found = json.loads((search / "search.json").read_text())
+    assert found["objective"] == {"metric": "val/mse", "direction": "min"}
+    done = [t for t in found["trials"] if t["state"] == "COMPLETE"]
+    assert len(done) == 3 and found["best"]["value"] == min(t["value"] for t in done)
+    assert yaml.safe_load((search / "best.yaml").read_text())["test"]["test/mse"] is not None
+
+
+def test_the_language_model_example_learns_a_text(tmp_path):
+    text = tmp_path / "text.txt"
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "the",
+        "lazy",
+        "dog",
+        "while",
+        "a",
+        "model",
+        "learns",
+        "to",
+        "spell",
+    ]
+    text.write_text("\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(10)) for i in range(400)))
+    run = tmp_path / "run"
+    result = ok(run_cli(["experiment=charlm", f"data.path={text}", "hardware=cpu", "trainer.max_epochs=2",
+                         "model.width=64", "model.layers=1", "data.block_size=32"], run))  # fmt: skip
+    assert result.stdout.splitlines()[-1].startswith("test/loss=")
+    losses = [float(r["val/loss"]) for r in csv_rows(run) if "val/loss" in r]
+    vocab = len(set(text.read_text()))
+    assert losses[-1] < losses[0] < torch.log(torch.tensor(float(vocab))).item()  # better than uniform, and learning
+    assert results(run)["objective"]["direction"] == "min"
+    assert "data.path=" in one_line(run_cli(["experiment=charlm", "hardware=cpu"], tmp_path / "nopath"))
+
+
+def test_timm_networks_train_for_the_built_in_classifier(tiny_data, tmp_path):
+    pytest.importorskip("timm", reason="timm is an optional extra: pip install 'hydralight[timm]'")
+    run = tmp_path / "run"
+    ok(run_cli([*TINY, "model=timm", "model.net.name=resnet18", "trainer.limit_train_batches=2"], run, tiny_data))
+    assert results(run)["test/acc"] is not None

@@ -1,0 +1,195 @@
+"""The resource layers of the run plan: hardware -> framework -> task, resolved in-process on pretend machines."""
+
+import math
+from dataclasses import fields
+
+import pytest
+from conftest import compose_config, plan_of
+
+from hydralight.config.plan import FrameworkPlan, HardwarePlan, Machine, RunPlan, TaskPlan
+from hydralight.config.resolve import check_plan, resources, resources_elsewhere
+from hydralight.errors import UserError
+
+CPU_BOX = Machine(gpus=0, cpu_cores=2, memory_gb=24)
+H100_BOX = Machine(gpus=8, gpu_name="NVIDIA H100", bf16=True, tf32=True, cpu_cores=96, memory_gb=2000)
+T4_BOX = Machine(gpus=1, gpu_name="Tesla T4", bf16=False, tf32=False, cpu_cores=8, memory_gb=64)
+PROFILES = {"cpu": 1, "1gpu": 1, "4gpu": 4, "8gpu": 8, "2x8gpu": 16}
+
+
+def layers(*overrides: str, machine: Machine = H100_BOX) -> tuple[HardwarePlan, FrameworkPlan, TaskPlan]:
+    return resources(compose_config(*overrides), machine)
+
+
+@pytest.mark.parametrize("profile,world", PROFILES.items())
+@pytest.mark.parametrize("cap", [None, 8, 32])
+def test_global_batch_is_invariant(profile, world, cap):
+    overrides = [f"hardware={profile}", "batch.global_size=256"]
+    if cap:
+        overrides.append(f"batch.max_per_device={cap}")
+    hardware, _, task = layers(*overrides)
+    assert hardware.world_size == world
+    assert task.per_device_size * world * task.accumulation == 256
+    if cap:
+        assert task.per_device_size <= cap
+    else:
+        assert task.accumulation == 1
+
+
+def test_profiles_resolve_on_a_pretend_machine():
+    plan = plan_of("hardware=8gpu", "precision=bf16-mixed", machine=H100_BOX)
+    assert (plan.hardware.accelerator, plan.hardware.devices, plan.hardware.gpus_per_node) == ("gpu", 8, 8)
+    assert (plan.framework.strategy, plan.framework.backend) == ("ddp", "nccl")
+    assert plan.framework.matmul_precision == "high"
+    assert plan.framework.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert plan.task.pin_memory is False  # the tensor loader has no host batches to pin
+    check_plan(plan, H100_BOX)
+    two_nodes, *_ = layers("hardware=2x8gpu")
+    assert (two_nodes.num_nodes, two_nodes.world_size) == (2, 16)
+
+
+def test_auto_hardware_follows_the_machine():
+    assert layers(machine=CPU_BOX)[0].accelerator == "cpu"
+    hardware, framework, _ = layers()
+    assert (hardware.accelerator, hardware.devices, framework.strategy) == ("gpu", 8, "ddp")
+    hardware, framework, _ = layers("hardware=cpu", "hardware.devices=2", machine=CPU_BOX)
+    assert (framework.strategy, framework.backend, hardware.cpus_per_task) == ("ddp", "gloo", 1)
+    _, framework, _ = layers("hardware=cpu", machine=CPU_BOX)
+    assert (framework.strategy, framework.backend) == ("auto", None)
+
+
+@pytest.mark.parametrize("rule,factor", [("none", 1.0), ("linear", 4.0), ("sqrt", 2.0)])
+def test_learning_rate_scaling(rule, factor):
+    overrides = ("optim.lr=0.001", f"optim.lr_scaling={rule}", "batch.global_size=512", "batch.reference_size=128")
+    plan = plan_of(*overrides, machine=CPU_BOX)
+    assert math.isclose(plan.task.lr, 0.001 * factor)
+    assert math.isclose(plan.model.offered["lr"], 0.001 * factor)  # what the module's constructor gets
+
+
+def test_loader_workers_never_exceed_a_process_cores():
+    _, _, task = layers("hardware=4gpu", "data.loader=torchvision", "hardware.cpus_per_task=6")
+    assert task.num_workers == 5 and task.persistent_workers and task.pin_memory
+    _, _, task = layers("hardware=cpu", "data.loader=torchvision", machine=CPU_BOX)
+    assert task.num_workers == 1 and not task.pin_memory
+    assert layers("hardware=cpu", machine=CPU_BOX)[2].num_workers == 0
+
+
+@pytest.mark.parametrize(
+    "overrides,machine,message",
+    [
+        (["hardware=4gpu"], CPU_BOX, "asks for 4 GPU.* has no CUDA GPU; use hardware=auto or hardware=cpu"),
+        (["hardware=4gpu"], T4_BOX, "has 1 GPU.*hardware.devices=1"),
+        (["hardware=1gpu", "precision=bf16-mixed"], T4_BOX, "Tesla T4 has no bfloat16"),
+        (["hardware=cpu", "precision=16-mixed"], CPU_BOX, "precision=16-mixed needs a CUDA GPU"),
+        (["hardware=2x8gpu"], H100_BOX, "num_nodes=2 needs a launcher"),
+    ],
+)
+def test_machine_checks(overrides, machine, message):
+    with pytest.raises(UserError, match=message):
+        check_plan(plan_of(*overrides, machine=machine), machine)
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["hardware=8gpu", "batch.global_size=100"], "not divisible by world size 8"),
+        (["hardware=8gpu", "batch.global_size=4"], "smaller than the 8 processes"),
+        (["batch.global_size=0"], "batch.global_size=0 must be a positive integer"),
+        (["batch.global_size=-32"], "batch.global_size=-32 must be a positive integer"),
+        (["optim.lr=0"], "optim.lr=0.0 must be a positive number"),
+        (["hardware=8gpu", "batch.global_size=20", "batch.max_per_device=2"], "cannot be split"),
+    ],
+)
+def test_bad_task_settings(overrides, message):
+    with pytest.raises(UserError, match=message):
+        layers(*overrides)
+
+
+def test_plan_table_lists_the_layers_and_what_the_run_builds():
+    text = plan_of("hardware=8gpu", "batch.global_size=512", "batch.max_per_device=32", machine=H100_BOX).table()
+    for expected in ("hardware", "framework", "task", "per_device_size", "32", "accumulation", "nccl", "run",
+                     "Classifier", "MNISTDataModule", "max val/acc"):  # fmt: skip
+        assert expected in text
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [("optim.lr=abc", "optim.lr=abc is not a number"), ("seed=notanumber", "seed=notanumber is not an integer")],
+)
+def test_values_of_the_wrong_type_are_one_line(tiny_data, tmp_path, override, said):
+    from conftest import TINY, one_line, run_cli
+
+    line = one_line(run_cli([*TINY, override], tmp_path / "run", tiny_data))
+    assert said in line and not (tmp_path / "run").exists()
+
+
+def test_printing_the_config_refuses_a_wrong_value_too(tmp_path):
+    from conftest import one_line, run_cli
+
+    assert "optim.lr=abc is not a number" in one_line(run_cli(["--cfg", "job", "optim.lr=abc"], tmp_path / "run"))
+    assert run_cli(["--cfg", "job", "optim.lr=0.1"], tmp_path / "run").returncode == 0
+
+
+# Resource fields that decide other fields of the plan, shown in its table, not read by a builder themselves.
+DERIVED = {"hardware.world_size", "task.base_lr", "task.lr_scaling"}
+
+
+def test_every_resource_field_reaches_a_consumer():
+    """Every field of the resource layers is read where the run is built: the slices the resolver makes
+    from them (trainer, data, model), the DDP strategy, the process settings, the SLURM and dstack
+    requests. A field none of them reads is one some consumer misses."""
+    from hydralight.config import resolve as resolver
+
+    read: set[str] = set()
+
+    class Spy:
+        def __init__(self, layer, name):
+            self._layer, self._name = layer, name
+
+        def __getattr__(self, key):
+            read.add(f"{self._name}.{key}")
+            return getattr(self._layer, key)
+
+    cfg = compose_config("hardware=4gpu", "strategy=ddp", "batch.num_workers=2")
+    hw, fw, task = (
+        Spy(layer, name)
+        for layer, name in zip(resources(cfg, H100_BOX), ("hardware", "framework", "task"), strict=True)
+    )
+    from omegaconf import OmegaConf
+
+    c = OmegaConf.create(resolver.as_container(cfg))
+    job = resolver.JobInfo(run_dir="/nonexistent/run")
+    resolver._trainer(c, hw, fw, task, job.run_dir), resolver._data(c, task), resolver._model(c, task, job)
+    plan = plan_of("hardware=4gpu", "strategy=ddp", machine=H100_BOX)
+    spied = plan.replace(hardware=hw, framework=fw, task=task)
+    spied.strategy_kwargs(), spied.global_batchnorm
+    HardwarePlan.slurm_resources(hw), HardwarePlan.dstack_resources(hw, 16)
+    _consumed = (fw.env, fw.matmul_precision, task.global_size)  # machine.apply and the throughput record
+    every = {f"{layer}.{f.name}" for layer, kind in (("hardware", HardwarePlan), ("framework", FrameworkPlan),
+                                                      ("task", TaskPlan)) for f in fields(kind)}  # fmt: skip
+    assert every - read - DERIVED == set(), "plan fields that no consumer reads"
+    assert {f.name for f in fields(RunPlan)} >= {"model", "data", "trainer", "callbacks", "loggers", "paths", "resume"}
+
+
+@pytest.mark.parametrize(
+    "profile,request_",
+    [
+        ("1gpu", {"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 1, "cpus_per_task": 8, "mem_gb": 64}),
+        ("4gpu", {"nodes": 1, "tasks_per_node": 4, "gpus_per_node": 4, "cpus_per_task": 8, "mem_gb": 256}),
+        ("2x8gpu", {"nodes": 2, "tasks_per_node": 8, "gpus_per_node": 8, "cpus_per_task": 12, "mem_gb": 512}),
+    ],
+)
+def test_a_job_elsewhere_is_sized_by_its_profile_alone(profile, request_):
+    assert resources_elsewhere(compose_config(f"hardware={profile}"))[0].slurm_resources() == request_
+
+
+@pytest.mark.parametrize(
+    "overrides,named",
+    [
+        (["hardware=auto"], "hardware.accelerator, hardware.devices, hardware.cpus_per_task, hardware.mem_gb"),
+        (["hardware=cpu", "hardware.devices=2"], "hardware.cpus_per_task, hardware.mem_gb"),
+        (["hardware=1gpu", "hardware.mem_gb=auto"], "hardware.mem_gb cannot be auto"),
+    ],
+)
+def test_a_job_elsewhere_refuses_auto_naming_the_field(overrides, named):
+    with pytest.raises(UserError, match=named):
+        resources_elsewhere(compose_config(*overrides))
