@@ -49,6 +49,25 @@ def test_console_of_a_plain_run_is_plan_run_dir_progress_result(tiny_data, tmp_p
     assert "Traceback" not in console and "Warning" not in console
 
 
+# What Lightning says when it resumes or sets up DDP: the project's own line says it once, in its own words.
+RESUME_NOISE = ("Restor", "resuming from a checkpoint", "exists and is not empty", "logging interval", "distributed",
+                "MEMBER:", "[INFO]")  # fmt: skip
+
+
+def test_console_of_a_resumed_ddp_run_says_where_it_continues_once(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    args = [*TINY, "hardware.devices=2", "trainer.limit_train_batches=2", "trainer.log_every_n_steps=50"]
+    first = run_cli([*args, "trainer.max_epochs=1"], run, tiny_data)
+    again = run_cli([*args, "trainer.max_epochs=2"], run, tiny_data)
+    for result in (first, again):
+        assert result.returncode == 0, result.stderr[-2000:]
+        console = result.stdout + result.stderr
+        assert [line for line in console.splitlines() if any(n in line for n in (*NOISE, *RESUME_NOISE))] == []
+    lines = again.stdout.splitlines()
+    assert lines[0] == f"continuing from this run's own {run}/checkpoints/last.ckpt (step 2)", lines
+    assert lines[1].startswith("plan: 2 cpu processes") and lines[-1].startswith("test/acc=")
+
+
 def test_eval_of_a_checkpoint_reproduces_the_reported_accuracy(tiny_data, tmp_path):
     train = run_cli([*TINY, "trainer.limit_train_batches=8"], tmp_path / "train", tiny_data)
     assert train.returncode == 0, train.stderr

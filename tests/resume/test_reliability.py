@@ -56,7 +56,7 @@ def test_sigkill_then_resume_ends_exactly_like_an_uninterrupted_run(devices, tin
     assert 0 < step_at_kill < 45
     resumed = run_cli(args, killed, tiny_data)  # same command, same dir: resume=auto
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "Restoring states from the checkpoint" in resumed.stdout + resumed.stderr
+    assert "continuing from this run's own" in resumed.stdout + resumed.stderr
     a, b = weights(plain), weights(killed)
     assert all(torch.equal(a[k], b[k]) for k in a), "weights differ after resume"
     ra, rb = (json.loads((r / "results.json").read_text()) for r in (plain, killed))

@@ -28,7 +28,15 @@ BANNERS = (
     "💡 Tip:",
     "`Trainer.fit` stopped:",
     "`weights_only` was not set",
+    # Resuming: the project's own line names the checkpoint it continues from and where in the epoch.
+    "Restoring states from the checkpoint path",
+    "Restored all states from the checkpoint",
+    "You're resuming from a checkpoint that ended before the epoch ended",
+    # DDP set-up: the plan line says how many processes run.
+    "Initializing distributed:",
 )
+# Left out wherever they stand in a message (the DDP banner is framed by lines of dashes).
+INSIDE = ("All distributed processes registered",)
 # The test reloads the best checkpoint, which the result line names.
 TEST_LOADING = ("Restoring states from the checkpoint path", "Loaded model weights from the checkpoint")
 LOGGERS = (
@@ -36,6 +44,7 @@ LOGGERS = (
     "lightning_fabric.utilities.rank_zero",
     "pytorch_lightning.accelerators.cuda",
     "pytorch_lightning.trainer.connectors.checkpoint_connector",
+    "lightning_fabric.utilities.distributed",
 )
 
 
@@ -46,7 +55,9 @@ class _Banners(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not (message.startswith(BANNERS) or (self.testing and message.startswith(TEST_LOADING)))
+        if message.startswith(BANNERS) or any(part in message for part in INSIDE):
+            return False
+        return not (self.testing and message.startswith(TEST_LOADING))
 
 
 _BANNERS = _Banners()
@@ -63,6 +74,11 @@ def quiet_framework() -> None:
         warnings.filterwarnings("ignore", message="The `srun` command is available on your system")
     # Lightning-internal deprecation that users cannot act on, printed once per rank.
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    # The run dir's checkpoints folder holds the run's own checkpoints, which a resumed run continues.
+    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+    # The history logs every epoch's end whatever the interval; short epochs lose nothing a user reads.
+    warnings.filterwarnings("ignore", message="The number of training batches .* is smaller than the logging interval")
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 
 @contextlib.contextmanager
