@@ -48,3 +48,11 @@ def _message(err: Exception) -> str:
             "to continue from the run's last checkpoint"
         )
     return str(err)
+
+
+def require(module: str, extra: str, needed_by: str) -> None:
+    """Refuse in one line when an optional package is missing, naming the extra that installs it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise UserError(f"{needed_by} needs {module}, which is not installed: pip install 'hydralight[{extra}]'")

@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from hydralight.config.resolve import resources_elsewhere
-from hydralight.errors import UserError
+from hydralight.errors import UserError, require
 
 # Where checkpoints and run dirs live on the cloud machine: a network volume, so a spot interruption
 # and the retry that follows find last.ckpt again (resume=auto).
@@ -74,6 +74,7 @@ def task_config(
 
 def validate(config: dict[str, Any]) -> Any:
     """Parse with dstack's own configuration parser; raises on anything dstack would refuse."""
+    require("dstack", "dstack", "checking a dstack configuration")
     from dstack._internal.core.models.configurations import parse_run_configuration
 
     return parse_run_configuration(config)

@@ -31,7 +31,7 @@ from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Overrid
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
-from hydralight.errors import UserError, exit_on_user_error
+from hydralight.errors import UserError, exit_on_user_error, require
 from hydralight.rundir.layout import SweepDir
 from hydralight.rundir.outcome import read_job
 from hydralight.rundir.record import discard_unused_run_dir, read_json
@@ -163,6 +163,7 @@ class OptunaSearch(Sweeper):
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
         from hydra.core.plugins import Plugins
 
+        require("optuna", "search", "hparams_search=optuna")
         self.hydra_context, self.config = hydra_context, config
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config

@@ -19,7 +19,7 @@ from lightning_fabric.utilities.rank_zero import rank_zero_only
 from pytorch_lightning.loggers import Logger, WandbLogger
 
 from hydralight.config.plan import RunPlan
-from hydralight.errors import UserError
+from hydralight.errors import UserError, require
 from hydralight.rundir.layout import RunDir
 from hydralight.rundir.redaction import redact, redacted_argv
 
@@ -192,6 +192,8 @@ def build_loggers(plan: RunPlan, manifest: dict[str, Any] | None = None) -> list
             continue  # always there
         if name == "wandb":
             spec = wandb_settings(spec, plan)
+        if name == "tensorboard":
+            require("tensorboard", "tensorboard", "logger=tensorboard")
         loggers.append(instantiate(spec))
     hparams = redact({"config": plan.config, "plan": plan.to_dict()})
     for logger in loggers[1:]:
