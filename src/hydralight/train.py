@@ -46,10 +46,9 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     from hydralight.rundir.record import RunRecord
     from hydralight.training import machine as this_machine
     from hydralight.training.console import quiet_framework, show_start, testing
-    from hydralight.training.guards import FiniteLoss, ObjectiveLogged
-    from hydralight.training.invariance import InvarianceCheck, SampleKeys, make_invariant
+    from hydralight.training.invariance import make_invariant
     from hydralight.training.loggers import build_loggers, wandb_scope
-    from hydralight.training.modules import build_module, tests, validates
+    from hydralight.training.modules import tests
     from hydralight.training.records import Throughput, result_line, run_results
     from hydralight.training.strategy import build_strategy, job_scope
     from hydralight.training.trainer import build_callbacks, build_trainer
@@ -67,54 +66,30 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
         data.prepare_data()  # missing or corrupt files are refused before any run file is written
     sizes = stated_sizes(data)
     resume = Resume(plan)
-    if plan.resume.mode == "eval":
-        module, model = resume.module_to_test(sizes)
-        # The records name the module the checkpoint holds, not the model option's default.
-        plan = plan.replace(
-            model=model, config={**plan.config, "model": {**plan.config.get("model", {}), **model.spec}}
-        )
-    else:
-        module = build_module(plan.model, sizes)
-        resume.prepare(module, sizes)
+    module, plan = resume.build(sizes)
     make_invariant(module, plan.model.invariant_dropout, plan.global_batchnorm)
     if plan.framework.precision == "64-true":
         module.double()  # before a checkpoint's float64 weights are loaded into it, not after
     run_dir = RunDir.at(plan.paths.run_dir)
-    record = RunRecord(
-        run_dir, plan.config, plan.to_dict(), this_machine.describe(machine), plan.paths.overrides, is_rank_zero()
-    )
+    machine_record = this_machine.describe(machine)
+    record = RunRecord(run_dir, plan.config, plan.to_dict(), machine_record, plan.paths.overrides, is_rank_zero())
 
     with job_scope(), wandb_scope(), record:  # the next job of a sweep starts clean
         # 2. Build: process settings, loggers, callbacks, trainer.
         this_machine.apply(plan.framework.env, plan.framework.matmul_precision)
-        lr = module.hparams.get("lr") if "lr" in module.hparams else None
         if is_rank_zero():
-            show_start(plan, module, lr)
+            show_start(plan, module)
         throughput = Throughput(plan.task.global_size, into=record.extra)  # training samples/s, start-up left out
-        callbacks = [
-            *build_callbacks(plan, validates(module)),
-            FiniteLoss(str(run_dir.last), lr_key="optim.lr" if lr is not None else None),
-            SampleKeys(plan.seed),
-            InvarianceCheck(plan.model.sync_batchnorm, into=record.extra),
-            throughput,
-            resume.callback(sizes, into=record.extra),
-        ]
-        if validates(module):
-            callbacks.append(ObjectiveLogged(plan.objective.metric))
-        strategy = build_strategy(plan, run_dir.plan)
-        trainer = build_trainer(plan, strategy, callbacks, build_loggers(plan, record.manifest), shards_by_rank(data))
+        callbacks = build_callbacks(plan, module, record.extra, throughput, resume.callback(sizes, record.extra))
+        loggers = build_loggers(plan, record.manifest)
+        trainer = build_trainer(plan, build_strategy(plan, run_dir.plan), callbacks, loggers, shards_by_rank(data))
 
         # 3. Fit, continuing the run's checkpoint.
         if plan.resume.mode == "train":
             with record.timed("fit_seconds"), _discarded_if_nothing_trained(plan, trainer):
                 trainer.fit(module, datamodule=data, ckpt_path=resume.ckpt_path, weights_only=True)
-        # 4. Test the best checkpoint (a module without validation: its last.ckpt, the final weights).
-        best = getattr(trainer.checkpoint_callback, "best_model_path", None) or None
-        if plan.resume.mode == "eval":
-            best = plan.resume.ckpt_path
-        elif best is None and run_dir.last.is_file():
-            best = str(run_dir.last)
-        metrics = dict(trainer.callback_metrics)
+        # 4. Test the best checkpoint.
+        best, metrics = resume.to_test(trainer), dict(trainer.callback_metrics)
         if tests(module):
             with testing():
                 trainer.test(module, datamodule=data, ckpt_path=best, verbose=False, weights_only=True)

@@ -60,7 +60,7 @@ def test_a_user_module_continues_after_a_stop_and_a_larger_budget_and_refuses_ot
     ok(user_run(REGRESSION, run))  # the same command: continues from its own checkpoint
     # Its loader keeps no position inside an epoch: the stopped epoch starts over, its 5 steps stay taken.
     found = results(run)
-    assert found["global_step"] == 3 * 16 + 5 and found["epoch"] == 3, found
+    assert found["global_step"] == 3 * 16 + 5 and found["epochs"] == 3, found
     assert "start of the epoch" in found["resumed_at"]
     ok(user_run([*REGRESSION, "trainer.max_epochs=4"], run))
     assert results(run)["global_step"] == 4 * 16 + 5

@@ -144,11 +144,13 @@ def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tenso
 # Every built-in model with what couples it to the world size: dropout (cnn), BatchNorm (fastcnn),
 # augmentation in the data path. In float64 rounding is out of the picture: what is left is any difference in
 # samples, masks, shifts or statistics. In float32 (the default, last case) Adam turns the different summation
-# order of 1 and 2 processes into ~1e-4 of drift over 20 steps; with torch's dropout it is ~1.
+# order of 1 and 2 processes into drift over 20 steps: measured 5.6e-5 to 1.6e-3 over seeds 0-4 (the same with
+# 1 and 2 threads), 1.3e-3 on another machine; with torch's dropout it is ~1. The bound sits 10x above the
+# largest drift seen and 50x below what a real difference in the training gives.
 EQUIVALENT = {
     "cnn+shift": (["model=cnn", "data.max_shift=2", "trainer.precision=64-true"], 1e-6),
     "fastcnn": (["model=fastcnn", "model.sync_batchnorm=true", "trainer.precision=64-true"], 1e-6),
-    "cnn-float32": (["model=cnn"], 1e-3),
+    "cnn-float32": (["model=cnn"], 2e-2),
 }
 
 

@@ -27,6 +27,7 @@ from hydralight.config.plan import ModelPlan, RunPlan
 from hydralight.config.resolve import CLASSIFIER
 from hydralight.errors import UserError
 from hydralight.resume.state import RECORD, ResumeState, plain_hparams, plain_value
+from hydralight.rundir.layout import RunDir
 from hydralight.training.modules import build_module, module_class
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,27 @@ class Resume:
                 )
 
     # -- mode=eval ------------------------------------------------------------------------------------
+
+    def build(self, sizes: dict[str, Any]) -> tuple[pl.LightningModule, RunPlan]:
+        """The module this run trains, checked against the checkpoint it continues (`init_from`'s weights
+        loaded); for `mode=eval`, the module the checkpoint holds. With the plan whose model slice built it:
+        the records name the module a tested checkpoint holds, not the model option's default."""
+        if self.decision.mode == "eval":
+            module, model = self.module_to_test(sizes)
+            config = {**self.plan.config, "model": {**self.plan.config.get("model", {}), **model.spec}}
+            return module, self.plan.replace(model=model, config=config)
+        module = build_module(self.plan.model, sizes)
+        self.prepare(module, sizes)
+        return module, self.plan
+
+    def to_test(self, trainer: pl.Trainer) -> str | None:
+        """The checkpoint the test stage loads: `ckpt_path` for `mode=eval`; else the best by the objective,
+        or (a module without validation) last.ckpt, the final weights."""
+        if self.decision.mode == "eval":
+            return self.decision.ckpt_path
+        best = getattr(trainer.checkpoint_callback, "best_model_path", None) or None
+        last = RunDir.at(self.plan.paths.run_dir).last
+        return best if best is not None or not last.is_file() else str(last)
 
     def module_to_test(self, sizes: dict[str, Any]) -> tuple[pl.LightningModule, ModelPlan]:
         """The module a checkpoint holds, rebuilt from its own record (an older classifier checkpoint: from its

@@ -91,8 +91,8 @@ def testing() -> Iterator[None]:
         _BANNERS.testing = False
 
 
-def plan_line(plan: RunPlan, model: nn.Module, lr: float | None) -> str:
-    """The run plan in one line, with the model's size (the full table: `plan=true`); `lr`: the learning rate
+def plan_line(plan: RunPlan, model: nn.Module) -> str:
+    """The run plan in one line, with the model's size (the full table: `plan=true`) and the learning rate
     the module received from the plan, if it takes one."""
     hw, fw, task = plan.hardware, plan.framework, plan.task
     where = f"{hw.num_nodes} nodes x {hw.devices}" if hw.num_nodes > 1 else f"{hw.devices}"
@@ -106,6 +106,8 @@ def plan_line(plan: RunPlan, model: nn.Module, lr: float | None) -> str:
 
     net = model.net if isinstance(model, Classifier) else model
     params = sum(p.numel() for p in model.parameters())
+    hparams = getattr(model, "hparams", {})
+    lr = hparams.get("lr") if "lr" in hparams else None
     rate = f", lr {lr:g}" if lr is not None else ""
     return (
         f"plan: {processes} ({hw.cpus_per_task} cpus each){strategy}, {fw.precision}; "
@@ -114,7 +116,7 @@ def plan_line(plan: RunPlan, model: nn.Module, lr: float | None) -> str:
     )
 
 
-def show_start(plan: RunPlan, model: nn.Module, lr: float | None) -> None:
+def show_start(plan: RunPlan, model: nn.Module) -> None:
     """The first lines of a run: its plan and its run dir."""
-    print(plan_line(plan, model, lr), flush=True)
+    print(plan_line(plan, model), flush=True)
     print(f"run dir: {plan.paths.run_dir}", flush=True)

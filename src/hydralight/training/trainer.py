@@ -15,11 +15,31 @@ from hydralight.config.binding import bind, import_target, instantiate
 from hydralight.config.plan import RunPlan
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import AtomicCheckpointIO
+from hydralight.training.guards import FiniteLoss, ObjectiveLogged
+from hydralight.training.invariance import InvarianceCheck, SampleKeys
+from hydralight.training.modules import validates
 
 log = logging.getLogger(__name__)
 
 
-def build_callbacks(plan: RunPlan, validates: bool) -> list[Callback]:
+def build_callbacks(plan: RunPlan, module: pl.LightningModule, into: dict[str, Any], *own: Callback) -> list[Callback]:
+    """The configured callbacks (`callbacks.*`), then the project's guards around `module` and `own` (the
+    run's throughput, its resume state); `into`: the run record's extra fields, which the invariance check
+    fills in."""
+    checks = validates(module)
+    callbacks = configured_callbacks(plan, checks)
+    callbacks += [
+        FiniteLoss(str(RunDir.at(plan.paths.run_dir).last), lr_key="optim.lr" if "lr" in module.hparams else None),
+        SampleKeys(plan.seed),
+        InvarianceCheck(plan.model.sync_batchnorm, into=into),
+        *own,
+    ]
+    if checks:
+        callbacks.append(ObjectiveLogged(plan.objective.metric))
+    return callbacks
+
+
+def configured_callbacks(plan: RunPlan, validates: bool) -> list[Callback]:
     """The configured callbacks (`callbacks.*`), each given the run dir, its checkpoint folder and the run's
     seed where its constructor names them. A module without a validation step has no objective: the
     best-checkpoint callback is left out (last.ckpt is the run's checkpoint)."""
