@@ -37,6 +37,23 @@ def test_sizes_are_known_before_setup_without_decoding(image_folder, tmp_path):
     assert grey.input_shape == (1, 24, 16)
 
 
+def test_hidden_files_and_folders_are_left_out_and_counted(fresh_image_folder, tmp_path, caplog):
+    # What a notebook, an OS or an editor leaves beside the images: a copy of an image in a hidden folder
+    # inside a class folder, a hidden class folder, a hidden file.
+    red = fresh_image_folder / "train" / "red"
+    (red / ".ipynb_checkpoints").mkdir()
+    shutil.copy(red / "0000.png", red / ".ipynb_checkpoints" / "0000-checkpoint.png")
+    (fresh_image_folder / "train" / ".ipynb_checkpoints").mkdir()
+    shutil.copy(red / "0001.png", fresh_image_folder / "train" / ".ipynb_checkpoints" / "x.png")
+    shutil.copy(red / "0002.png", red / "._0002.png")
+    with caplog.at_level("INFO", logger="hydralight.data.imagefolder"):
+        dm = module(fresh_image_folder, tmp_path)
+        listing = dm.listing
+    assert listing.classes == ["blue", "green", "red", "yellow"]
+    assert len(listing.train) == 4 * 20 and all(not p.parent.name.startswith(".") for p, _ in listing.train)
+    assert "left out 3 hidden files and folders" in caplog.text
+
+
 def test_the_decode_cache_is_reused_and_rebuilt_when_a_file_changes(fresh_image_folder, tmp_path):
     first = module(fresh_image_folder, tmp_path)
     first.setup("fit")

@@ -54,14 +54,16 @@ def class_folders(split_dir: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
 
 
-def image_files(folder: Path) -> list[Path]:
-    """Image files under `folder` (sub-folders included), sorted, hidden ones left out."""
-    found = [
-        Path(top) / name
-        for top, dirs, names in os.walk(folder, followlinks=True)
-        for name in names
-        if name.lower().endswith(IMAGE_FILES) and not name.startswith(".")
-    ]
+def image_files(folder: Path, hidden: list[str] | None = None) -> list[Path]:
+    """Image files under `folder` (sub-folders included), sorted. Hidden files and folders (a notebook's
+    `.ipynb_checkpoints`, `.DS_Store`) are left out, not descended into, and added to `hidden`."""
+    found = []
+    for top, dirs, names in os.walk(folder, followlinks=True):
+        if hidden is not None:
+            hidden += [str(Path(top) / d) for d in dirs if d.startswith(".")]
+            hidden += [str(Path(top) / n) for n in names if n.startswith(".")]
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [Path(top) / n for n in names if n.lower().endswith(IMAGE_FILES) and not n.startswith(".")]
     return sorted(found)
 
 
@@ -76,8 +78,10 @@ def list_images(root: Path) -> Listing:
             )
     classes = class_folders(where["train"])
     files: dict[str, list[tuple[Path, int]]] = {}
+    hidden: list[str] = []
     for split, folder in where.items():
         names = class_folders(folder)
+        hidden += [str(e.path) for e in os.scandir(folder) if e.name.startswith(".")]
         if not names:
             raise UserError(f"{folder} holds no class folders; put each class's images in {folder}/<class>/")
         if unknown := [name for name in names if name not in classes]:
@@ -87,12 +91,14 @@ def list_images(root: Path) -> Listing:
             )
         files[split] = []
         for name in names:
-            found = image_files(folder / name)
+            found = image_files(folder / name, hidden)
             if not found:
                 raise UserError(
                     f"{folder / name} holds no images ({', '.join(IMAGE_FILES)}); add some or remove the folder"
                 )
             files[split] += [(path, classes.index(name)) for path in found]
+    if hidden:
+        log.info(f"left out {len(hidden)} hidden files and folders under {root} (such as {hidden[0]})")
     return Listing(classes, files["train"], files["test"])
 
 
