@@ -1,6 +1,7 @@
 """The resource layers of the run plan: hardware -> framework -> task, resolved in-process on pretend machines."""
 
 import math
+import re
 from dataclasses import fields
 
 import pytest
@@ -120,6 +121,47 @@ def test_values_of_the_wrong_type_are_one_line(tiny_data, tmp_path, override, sa
 
     line = one_line(run_cli([*TINY, override], tmp_path / "run", tiny_data))
     assert said in line and not (tmp_path / "run").exists()
+
+
+# Values of the right type that cannot run: each refused in the plan, before anything is written.
+OUT_OF_RANGE = [
+    ("trainer.max_epochs=-5", "trainer.max_epochs=-5 is out of range: use -1 (no limit) or an integer >= 1"),
+    ("trainer.max_epochs=0", "trainer.max_epochs=0 is out of range"),
+    ("trainer.max_steps=0", "trainer.max_steps=0 is out of range: use -1 (no limit) or an integer >= 1"),
+    ("trainer.min_steps=-2", "trainer.min_steps=-2 is out of range"),
+    ("trainer.limit_train_batches=1.5", "trainer.limit_train_batches=1.5 is out of range"),
+    ("trainer.limit_val_batches=-1", "trainer.limit_val_batches=-1 is out of range"),
+    ("trainer.val_check_interval=0", "trainer.val_check_interval=0 is out of range"),
+    ("trainer.check_val_every_n_epoch=0", "trainer.check_val_every_n_epoch=0 is out of range"),
+    ("trainer.num_sanity_val_steps=-3", "trainer.num_sanity_val_steps=-3 is out of range"),
+    ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0 is out of range"),
+    ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val=-1.0 is out of range"),
+    ("data.max_shift=-1", "data.max_shift=-1 is out of range"),
+    ("data.val_size=-10", "data.val_size=-10 is out of range"),
+    ("model.label_smoothing=1.0", "model.label_smoothing=1.0 is out of range"),
+    ("model.label_smoothing=-0.1", "model.label_smoothing=-0.1 is out of range"),
+    ("optim.optimizer.weight_decay=-0.01", "optim.optimizer.weight_decay=-0.01 is out of range"),
+    ("seed=-1", "seed=-1 must be an integer from 0 to 2**32-1"),
+    ("batch.eval_size=0", "batch.eval_size=0 must be a positive integer"),
+    ("hardware.devices=0", "hardware.devices=0 must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize(("override", "said"), OUT_OF_RANGE)
+def test_values_out_of_range_are_refused_in_the_plan(override, said):
+    with pytest.raises(UserError, match=re.escape(said)):
+        plan_of(override)
+
+
+def test_out_of_range_and_a_file_for_a_folder_leave_no_run_dir(tiny_data, tmp_path):
+    from conftest import TINY, one_line, run_cli
+
+    line = one_line(run_cli([*TINY, "trainer.max_epochs=-5"], tmp_path / "run", tiny_data))
+    assert "trainer.max_epochs=-5 is out of range" in line and not (tmp_path / "run").exists()
+    a_file = tmp_path / "mnist.tar"
+    a_file.write_text("not a folder")
+    line = one_line(run_cli(TINY, tmp_path / "run", a_file))
+    assert f"data.data_dir={a_file} is a file, not a folder" in line and not (tmp_path / "run").exists()
 
 
 def test_printing_the_config_refuses_a_wrong_value_too(tmp_path):

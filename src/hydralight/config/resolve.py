@@ -104,6 +104,64 @@ def _check_top_level(c: DictConfig) -> None:
         raise UserError(f"mode={c.mode} is not a mode; use mode=train or mode=eval")
     if c.mode == "eval" and not c.ckpt_path:
         raise UserError("mode=eval needs the checkpoint to test: add ckpt_path=PATH/TO/file.ckpt")
+    _check_ranges(c)
+
+
+# Trainer counts and budgets: (key, what is allowed, check). Lightning refuses most of these only after the run
+# dir is written, with a traceback; -1 means "no limit" where Lightning reads it so.
+def _count(low: int, *special: int) -> Any:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and (v >= low or v in special)
+
+
+def _fraction_or_count(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    return v >= 0 if isinstance(v, int) else 0.0 <= v <= 1.0
+
+
+TRAINER_RANGES = (
+    ("max_epochs", "-1 (no limit) or an integer >= 1", _count(1, -1)),
+    ("min_epochs", "an integer >= 0", _count(0)),
+    ("max_steps", "-1 (no limit) or an integer >= 1", _count(1, -1)),
+    ("min_steps", "an integer >= 0", _count(0)),
+    ("limit_train_batches", "a number of batches >= 0 or a fraction from 0.0 to 1.0", _fraction_or_count),
+    ("limit_val_batches", "a number of batches >= 0 or a fraction from 0.0 to 1.0", _fraction_or_count),
+    ("limit_test_batches", "a number of batches >= 0 or a fraction from 0.0 to 1.0", _fraction_or_count),
+    ("limit_predict_batches", "a number of batches >= 0 or a fraction from 0.0 to 1.0", _fraction_or_count),
+    ("overfit_batches", "a number of batches >= 0 or a fraction from 0.0 to 1.0", _fraction_or_count),
+    ("val_check_interval", "a number of batches >= 1 or a fraction of the epoch above 0.0 up to 1.0",
+     lambda v: _fraction_or_count(v) and v > 0),
+    ("check_val_every_n_epoch", "an integer >= 1", _count(1)),
+    ("num_sanity_val_steps", "-1 (all) or an integer >= 0", _count(0, -1)),
+    ("log_every_n_steps", "an integer >= 1", _count(1)),
+    ("gradient_clip_val", "a number >= 0", lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v >= 0),
+)  # fmt: skip
+
+
+def _check_ranges(c: DictConfig) -> None:
+    """Values whose type is right but whose value cannot run, refused before anything is written."""
+    trainer = c.get("trainer") or {}
+    for key, allowed, ok in TRAINER_RANGES:
+        value = trainer.get(key)
+        if value is not None and not ok(value):
+            raise UserError(f"trainer.{key}={value} is out of range: use {allowed}")
+    data, model = c.get("data") or {}, c.get("model") or {}
+    for key in ("max_shift", "val_size"):
+        value = data.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            raise UserError(f"data.{key}={value} is out of range: use a number >= 0")
+    optimizer = (c.get("optim") or {}).get("optimizer") or {}
+    for key in ("weight_decay", "momentum"):
+        value = optimizer.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            raise UserError(f"optim.optimizer.{key}={value} is out of range: use a number >= 0")
+    smoothing = model.get("label_smoothing")
+    if isinstance(smoothing, int | float) and not 0.0 <= smoothing < 1.0:
+        raise UserError(f"model.label_smoothing={smoothing} is out of range: use a number from 0.0 up to (not) 1.0")
+    for key in ("data_dir", "cache_dir"):
+        where = data.get(key)
+        if isinstance(where, str) and Path(where).expanduser().exists() and not Path(where).expanduser().is_dir():
+            raise UserError(f"data.{key}={where} is a file, not a folder; point it (or DATA_DIR) at a folder")
 
 
 # -- resources: hardware -> framework -> task ---------------------------------------------------------
