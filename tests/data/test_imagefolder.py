@@ -19,9 +19,9 @@ from hydralight.errors import UserError
 FOLDER = ["data=imagefolder", *(a for a in TINY if not a.startswith("data."))]
 
 
-def module(root: Path, data_dir: Path, **kwargs) -> ImageFolderDataModule:
+def module(root: Path, cache_dir: Path, **kwargs) -> ImageFolderDataModule:
     options = {"global_size": 32, "eval_size": 50, "val_size": 0.1, **kwargs}
-    return ImageFolderDataModule(str(root), data_dir=str(data_dir), **options)
+    return ImageFolderDataModule(str(root), cache_dir=str(cache_dir), **options)
 
 
 def results(run: Path) -> dict:
@@ -153,10 +153,14 @@ def test_the_schema_refuses_misspelt_and_wrong_settings(tmp_path):
 def test_the_preset_trains_to_high_accuracy_in_seconds(image_folder, tmp_path):
     run = tmp_path / "run"
     args = ["experiment=imagefolder", f"data.root={image_folder}", "hardware=cpu", "trainer.max_epochs=3"]
+    before = sorted(image_folder.rglob("*"))
     start = time.monotonic()
-    result = run_cli(args, run, tmp_path / "data")
+    result = run_cli(args, run, tmp_path / "data", XDG_CACHE_HOME=str(tmp_path / "cache"))
     seconds = time.monotonic() - start
     assert result.returncode == 0, result.stderr[-3000:]
+    # The decoded images went to the per-user cache: nothing into the images' folder or DATA_DIR.
+    assert len(list((tmp_path / "cache" / "hydralight" / "imagefolder").glob("*.pt"))) == 1
+    assert sorted(image_folder.rglob("*")) == before and not (tmp_path / "data").exists()
     accuracy = results(run)["test/acc"]
     with (tmp_path.parent / "imagefolder.txt").open("a") as f:
         f.write(f"experiment=imagefolder, 3 epochs: test/acc={accuracy:.4f} in {seconds:.1f} s\n")

@@ -20,10 +20,18 @@ MOVED = {
 }
 
 
+# Arguments a class no longer takes, dropped from saved configs: where image folders cached their decoded
+# images (now `cache_dir`, outside the data).
+DROPPED = {"hydralight.data.ImageFolderDataModule": ("data_dir",)}
+
+
 def upgraded(value: Any) -> Any:
     """`value` (a config or hyperparameters, as plain containers) with every moved `_target_` rewritten."""
     if isinstance(value, dict):
-        return {k: MOVED.get(v, v) if k == "_target_" else upgraded(v) for k, v in value.items()}
+        new = {k: MOVED.get(v, v) if k == "_target_" else upgraded(v) for k, v in value.items()}
+        for key in DROPPED.get(str(new.get("_target_")), ()):
+            new.pop(key, None)
+        return new
     if isinstance(value, list):
         return [upgraded(v) for v in value]
     return value

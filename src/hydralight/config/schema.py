@@ -139,7 +139,7 @@ class MNISTDataConf:
 class ImageFolderDataConf:
     _target_: str = "hydralight.data.ImageFolderDataModule"
     root: str | None = None
-    data_dir: str = "data"
+    cache_dir: str | None = None
     size: Any = None  # an int or [height, width]
     mode: ImageMode | None = None  # type: ignore[valid-type]
     loader: FolderLoader = FolderLoader.auto  # type: ignore[attr-defined]

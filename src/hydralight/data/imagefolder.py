@@ -49,6 +49,13 @@ class Listing:
     test: list[tuple[Path, int]]
 
 
+def default_cache_dir() -> Path:
+    """The per-user cache (`$XDG_CACHE_HOME/hydralight`, else `~/.cache/hydralight`): never inside the data,
+    which is often shared or read-only."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hydralight"
+
+
 def class_folders(split_dir: Path) -> list[str]:
     """The class names of a split: its sub-folders, sorted, hidden ones left out."""
     return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
@@ -198,7 +205,7 @@ class ImageFolderDataModule(ImageDataModule):
     def __init__(
         self,
         root: str | None,
-        data_dir: str = "data",
+        cache_dir: str | None = None,
         size: int | Sequence[int] | None = None,
         mode: str | None = None,
         loader: str = "auto",
@@ -213,7 +220,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.root = Path(root).expanduser()
         if not self.root.is_dir():
             raise UserError(f"data.root={root} is not a folder; give the folder holding train/ and test/")
-        self.data_dir = str(data_dir)
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.size = _size(size)
         if mode is not None and str(mode) not in CHANNELS:
             raise UserError(f"data.mode={mode} is not an image mode; use one of {', '.join(CHANNELS)}")
@@ -284,7 +291,7 @@ class ImageFolderDataModule(ImageDataModule):
         """Where this folder's decoded images (or statistics) are kept: one file per folder and settings."""
         settings = json.dumps([str(self.root.resolve()), self.size, self.mode, self.skip_bad])
         name = f"{self.root.name}-{hashlib.sha256(settings.encode()).hexdigest()[:12]}-{kind}.pt"
-        return Path(self.data_dir) / "imagefolder" / name
+        return self.cache_dir / "imagefolder" / name
 
     def cache_key(self, kind: str) -> str:
         """What the cache was built from: every file's path, size and modification time, and the settings."""
