@@ -32,6 +32,7 @@ BANNERS = (
     "Restoring states from the checkpoint path",
     "Restored all states from the checkpoint",
     "You're resuming from a checkpoint that ended before the epoch ended",
+    "Found current_model_state in the checkpoint",  # weight averaging continues its average
     # DDP set-up: the plan line says how many processes run.
     "Initializing distributed:",
 )

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 from lightning_fabric.plugins.environments import SLURMEnvironment
-from pytorch_lightning.callbacks import Callback, Checkpoint, ModelCheckpoint
+from pytorch_lightning.callbacks import Callback, Checkpoint, ModelCheckpoint, WeightAveraging
 from pytorch_lightning.loggers import Logger
 from pytorch_lightning.strategies import Strategy
 
@@ -36,7 +36,9 @@ def build_callbacks(plan: RunPlan, module: pl.LightningModule, into: dict[str, A
     ]
     if checks:
         callbacks.append(ObjectiveLogged(plan.objective.metric))
-    return callbacks
+    # An average of the weights is updated at each step's end before anything saves that step (a stop, a
+    # periodic checkpoint), or the saved average would miss the step that a resumed run does not redo.
+    return sorted(callbacks, key=lambda c: not isinstance(c, WeightAveraging))
 
 
 def configured_callbacks(plan: RunPlan, validates: bool) -> list[Callback]:
