@@ -82,6 +82,20 @@ def test_lock_from_another_host_is_stale_only_without_heartbeat(tmp_path, monkey
     assert not lock.exists()
 
 
+def test_a_pid_given_to_another_process_does_not_hold_the_lock_once_its_heartbeat_is_old(tmp_path):
+    # The holder died and its pid now belongs to a live process (here: this one, which never beats for it).
+    import socket
+
+    lock = tmp_path / ".lock"
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(), "started_at": "earlier"}))
+    with pytest.raises(UserError, match=f"in use by pid {os.getppid()}"), RunDirLock(tmp_path):
+        pass  # a fresh heartbeat: a live holder
+    old = time.time() - run_lock.STALE_AFTER_S - 5
+    os.utime(lock, (old, old))
+    with RunDirLock(tmp_path):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+
+
 def test_heartbeat_keeps_the_lock_fresh(tmp_path, monkeypatch):
     monkeypatch.setattr(run_lock, "HEARTBEAT_S", 0.05)
     with RunDirLock(tmp_path):

@@ -2,7 +2,7 @@
 
 The lock is a small file (`<run dir>/.lock`: host, pid, start time) created exclusively, whose
 modification time a background thread refreshes every few seconds. A holder is dead when its pid is
-gone on this host, or, for another host, when its heartbeat is older than `STALE_AFTER_S`.
+gone on this host, or when its heartbeat is older than `STALE_AFTER_S` (another host, or a pid reused).
 Written by hand because file locks (flock) are not reliable across the network filesystems that
 clusters share run dirs on, and say nothing about who holds them.
 
@@ -93,9 +93,10 @@ class RunDirLock:
                 time.sleep(0.2)
                 return
             holder, host, pid = {}, "?", -1
-        if host == socket.gethostname() and pid > 0:
-            dead = None if _pid_alive(pid) else f"pid {pid} on this host is gone"
+        if host == socket.gethostname() and pid > 0 and not _pid_alive(pid):
+            dead = f"pid {pid} on this host is gone"
         else:
+            # A live pid without a heartbeat is another process that was given the holder's pid after it died.
             dead = None if age < STALE_AFTER_S else f"no heartbeat from {host} pid {pid} for {age:.0f}s"
         if dead is None:
             raise UserError(
