@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
+from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 CHECKED_WITH = "pytorch-lightning 2.6"
@@ -156,11 +157,18 @@ class JobScriptLauncher(_SubprocessScriptLauncher):
         self.children.extend(self.procs)
 
 
-def start_ranks_from_plan(strategy: Any, plan_file: Path, children: list[subprocess.Popen]) -> None:
-    """Called from a DDP strategy's `_configure_launcher`: swap the script launcher Lightning configured
-    (`strategy._launcher`) for one that runs the saved plan."""
-    if isinstance(strategy._launcher, _SubprocessScriptLauncher):
-        strategy._launcher = JobScriptLauncher(
-            strategy.cluster_environment, strategy.num_processes, strategy.num_nodes,
-            plan_file=plan_file, children=children,
-        )  # fmt: skip
+class PlannedRanksDDP(DDPStrategy):
+    """DDP whose locally started ranks run a saved plan: the strategy's private `_configure_launcher` is the
+    only place its script launcher (`strategy._launcher`) can be swapped for one that runs the plan."""
+
+    def __init__(self, *args: Any, plan_file: Path, children: list[subprocess.Popen], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.plan_file, self.children = plan_file, children
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if isinstance(self._launcher, _SubprocessScriptLauncher):
+            self._launcher = JobScriptLauncher(
+                self.cluster_environment, self.num_processes, self.num_nodes,
+                plan_file=self.plan_file, children=self.children,
+            )  # fmt: skip

@@ -18,22 +18,17 @@ from typing import Any
 from pytorch_lightning.strategies import DDPStrategy, Strategy
 
 from hydralight.config.plan import RunPlan
-from hydralight.lightning_internals import start_ranks_from_plan
+from hydralight.lightning_internals import PlannedRanksDDP
 
 # Rank processes this process started for the current job, waited for when the job ends.
 _children: list[subprocess.Popen] = []
 
 
-class JobDDPStrategy(DDPStrategy):
+class JobDDPStrategy(PlannedRanksDDP):
     """DDP whose locally started ranks run the saved plan instead of replaying the command line."""
 
     def __init__(self, *args: Any, plan_file: Path, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.plan_file = plan_file
-
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        start_ranks_from_plan(self, self.plan_file, _children)
+        super().__init__(*args, plan_file=plan_file, children=_children, **kwargs)
 
 
 class SpawnDDPStrategy(DDPStrategy):
