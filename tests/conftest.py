@@ -19,7 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "helpers"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # The real MNIST, when the shell points at it (read before DATA_DIR is cleared below).
-REAL_DATA_DIR = os.environ.get("DATA_DIR")
+# Kept for test worker processes too, which start from this process's environment once DATA_DIR is cleared.
+REAL_DATA_DIR = os.environ.get("DATA_DIR") or os.environ.get("HYDRALIGHT_TESTS_REAL_DATA_DIR")
+if REAL_DATA_DIR:
+    os.environ["HYDRALIGHT_TESTS_REAL_DATA_DIR"] = REAL_DATA_DIR
 
 # The user's shell never changes a test's outcome: launch, tracking, threading and device variables are
 # cleared for this process and every process a test starts (each test sets what it needs). Set before

@@ -178,7 +178,13 @@ def test_torch_dropout_still_trains_and_the_record_says_why_it_is_not_invariant(
     assert result.returncode == 0, result.stderr[-3000:]
     report = results(tmp_path / "run")["world_size_invariance"]
     assert not report["holds"] and "net.5 is torch's Dropout" in report["reasons"][0]
-    assert "do NOT train alike" in (tmp_path / "run" / "train.log").read_text()
+    # One process trains alike with itself: the record says why N would not, the console stays quiet.
+    assert "do NOT train alike" not in (tmp_path / "run" / "train.log").read_text()
+    two = run_cli(
+        [*base, "model=cnn", "model.invariant_dropout=false", "hardware.devices=2"], tmp_path / "two", tiny_data
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "do NOT train alike" in (tmp_path / "two" / "train.log").read_text()
 
 
 def test_a_two_process_checkpoint_continues_on_one_process_with_the_same_masks(tiny_data, tmp_path):
@@ -223,7 +229,7 @@ def test_two_runs_started_together_do_not_collide_on_ports(tiny_data, tmp_path):
 
 
 def test_a_failing_rank_ends_the_whole_run(tiny_data, tmp_path):
-    env = {**os.environ, "DATA_DIR": str(tiny_data), "PYTHONPATH": str(Path(__file__).parent / "helpers")}
+    env = {**os.environ, "DATA_DIR": str(tiny_data), "PYTHONPATH": str(HELPERS)}
     command = [sys.executable, str(ROOT / "train.py"), *DDP2, "trainer.limit_train_batches=10",
                "+callbacks.fail._target_=failing.FailOnRank", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
     start = time.monotonic()
