@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY, csv_rows, run_cli
+from conftest import ROOT, TINY, csv_rows, one_line, run_cli
 
 
 def test_train_writes_checkpoint_metrics_and_record(tiny_data, tmp_path):
@@ -66,6 +66,21 @@ def test_console_of_a_resumed_ddp_run_says_where_it_continues_once(tiny_data, tm
     lines = again.stdout.splitlines()
     assert lines[0] == f"continuing from this run's own {run}/checkpoints/last.ckpt (step 2)", lines
     assert lines[1].startswith("plan: 2 cpu processes") and lines[-1].startswith("test/acc=")
+
+
+def test_a_shell_inside_a_slurm_allocation_runs_here_or_says_why_not(tiny_data, tmp_path):
+    # An salloc shell: one task, SLURM's variables set. The ranks this run starts are its own, not srun's.
+    allocation = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_PROCID": "0"}
+    run = tmp_path / "run"
+    result = run_cli([*TINY, "hardware.devices=2"], run, tiny_data, **allocation)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {json.loads(p.read_text())["launcher"] for p in (run / "ranks").glob("*.json")} == {"LightningEnvironment"}
+    # Another job's task count left in the shell: one line, nothing written.
+    line = one_line(run_cli(TINY, tmp_path / "other", tiny_data, **{**allocation, "SLURM_NTASKS": "4"}))
+    assert "SLURM_NTASKS=4 is set without SLURM_NTASKS_PER_NODE" in line and not (tmp_path / "other").exists()
+    both = {**allocation, "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "4"}
+    line = one_line(run_cli(TINY, tmp_path / "other", tiny_data, **both))
+    assert "SLURM started 4 tasks (SLURM_NTASKS) but the plan runs 1 process(es)" in line
 
 
 def test_eval_of_a_checkpoint_reproduces_the_reported_accuracy(tiny_data, tmp_path):

@@ -87,6 +87,7 @@ def test_a_user_module_continues_after_a_stop_and_a_larger_budget_and_refuses_ot
             "objective.metric=val/mae is not logged in validation by Regressor (it logs val/mse)",
         ),
         (["+data.shuffle=true"], "data.shuffle is not an argument of RegressionData"),
+        (["model.hidden=-3"], "my_tasks.regression.Regressor could not be built from its config: RuntimeError: "),
     ],
 )
 def test_what_a_user_module_cannot_take_is_one_line(tmp_path, args, said):

@@ -115,6 +115,13 @@ def instantiate(spec: Mapping[str, Any], **given: Any) -> Any:
     try:
         return hydra_instantiate(dict(spec), **given, _convert_="all")
     except InstantiationException as err:
-        if isinstance(err.__cause__, UserError):
-            raise err.__cause__ from None
-        raise
+        cause = err.__cause__
+        if isinstance(cause, UserError):
+            raise cause from None
+        if cause is None:
+            raise
+        # The user's own class refused its arguments: one line naming it (the traceback with HYDRA_FULL_ERROR=1).
+        raise UserError(
+            f"{spec.get('_target_')} could not be built from its config: {type(cause).__name__}: {cause}; "
+            "check the values given to it (HYDRA_FULL_ERROR=1 shows the traceback)"
+        ) from cause

@@ -528,6 +528,22 @@ def resources_elsewhere(cfg: DictConfig | dict[str, Any]) -> tuple[HardwarePlan,
     return resources(c, Machine())
 
 
+def _check_slurm_tasks(world_size: int) -> None:
+    """SLURM's task count against the plan's processes: a shell left with another job's SLURM_* variables,
+    or an `srun --ntasks` without a per-node count, would otherwise fail deep inside Lightning."""
+    tasks = int(os.environ["SLURM_NTASKS"])
+    if "SLURM_NTASKS_PER_NODE" not in os.environ:
+        raise UserError(
+            f"SLURM_NTASKS={tasks} is set without SLURM_NTASKS_PER_NODE: start the ranks with "
+            f"srun --ntasks-per-node=N (hydra/launcher=slurm does), or unset SLURM_NTASKS to run one process here"
+        )
+    if tasks != world_size:
+        raise UserError(
+            f"SLURM started {tasks} tasks (SLURM_NTASKS) but the plan runs {world_size} process(es); set "
+            "hardware.devices and hardware.num_nodes to match the srun task layout, or submit with hydra/launcher=slurm"
+        )
+
+
 def check_plan(plan: RunPlan, machine: Machine) -> None:
     """Refuse, with the fix, a plan this machine cannot run."""
     hw, fw = plan.hardware, plan.framework
@@ -539,6 +555,8 @@ def check_plan(plan: RunPlan, machine: Machine) -> None:
             else f"use hardware=auto or hardware.devices={machine.gpus}"
         )
         raise UserError(f"the plan asks for {hw.devices} GPU(s) per node but this machine has {found}; {fix}")
+    if external_launcher() == "slurm":
+        _check_slurm_tasks(hw.world_size)
     if hw.num_nodes > 1 and external_launcher() is None:
         raise UserError(
             f"hardware.num_nodes={hw.num_nodes} needs a launcher that starts every node: submit with "

@@ -6,13 +6,19 @@ import logging
 from typing import Any
 
 import pytorch_lightning as pl
-from lightning_fabric.plugins.environments import SLURMEnvironment
+from lightning_fabric.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 from pytorch_lightning.callbacks import Callback, Checkpoint, ModelCheckpoint, WeightAveraging
 from pytorch_lightning.loggers import Logger
 from pytorch_lightning.strategies import Strategy
 
 from hydralight.config.binding import bind, import_target, instantiate
 from hydralight.config.plan import RunPlan
+from hydralight.rundir.launch import external_launcher
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import AtomicCheckpointIO
 from hydralight.training.guards import FiniteLoss, ObjectiveLogged
@@ -61,6 +67,18 @@ def configured_callbacks(plan: RunPlan, validates: bool) -> list[Callback]:
     return callbacks
 
 
+def cluster_environment(world_size: int) -> ClusterEnvironment:
+    """Who started the ranks, as the plan saw it (not Lightning's guess, which takes any shell with SLURM
+    variables for an srun launch and would read the allocation's task layout for ranks this run starts)."""
+    launcher = external_launcher()
+    if launcher == "torchrun":
+        return TorchElasticEnvironment()
+    if launcher == "slurm" or (world_size == 1 and SLURMEnvironment.detect()):
+        # The Preemption callback owns the signals; Lightning's own SLURM requeue stays off.
+        return SLURMEnvironment(auto_requeue=False)
+    return LightningEnvironment()
+
+
 def build_trainer(
     plan: RunPlan,
     strategy: str | Strategy,
@@ -75,8 +93,5 @@ def build_trainer(
     # logger's folder, where a rerun never looks: such a run writes no checkpoint.
     if not any(isinstance(c, Checkpoint) for c in callbacks):
         options["enable_checkpointing"] = False
-    # Under srun the Preemption callback owns the signals; Lightning's own SLURM requeue stays off.
-    plugins: list[Any] = [AtomicCheckpointIO()]
-    if SLURMEnvironment.detect():
-        plugins.append(SLURMEnvironment(auto_requeue=False))
+    plugins: list[Any] = [AtomicCheckpointIO(), cluster_environment(plan.hardware.world_size)]
     return pl.Trainer(**options, plugins=plugins, strategy=strategy, callbacks=callbacks, logger=loggers or False)
