@@ -17,8 +17,6 @@ import pytorch_lightning as pl
 from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
-CHECKED_WITH = "pytorch-lightning 2.6"
-
 # -- the training loop's progress -----------------------------------------------------------------------
 
 

@@ -13,7 +13,6 @@ from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
 
 
 class Choice(str, Enum):
@@ -243,11 +242,6 @@ def register() -> None:
     store.store(group="schema", name="model", node=ModelConf)
     store.store(group="schema", name="mnist", node=MNISTDataConf)
     store.store(group="schema", name="imagefolder", node=ImageFolderDataConf)
-
-
-def plain(cfg: DictConfig) -> DictConfig:
-    """The same config with choices as plain strings and no schema, interpolations kept."""
-    return OmegaConf.create(OmegaConf.to_container(cfg, enum_to_str=True))
 
 
 def explain(err: BaseException, overrides: list[str]) -> str:

@@ -29,7 +29,7 @@ class ImageDataModule(pl.LightningDataModule):
     `load_tensors()` or `per_sample_datasets()` (or both).
     """
 
-    # Batches carry sample ids, so per-sample randomness is keyed by sample (see hydralight.invariance).
+    # Batches carry sample ids, so per-sample randomness is keyed by sample (see hydralight.keyed).
     sample_ids = True
     # The loaders take each rank's share themselves: Lightning's DistributedSampler stays off.
     shards_by_rank = True

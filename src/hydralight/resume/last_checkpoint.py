@@ -49,11 +49,6 @@ class LastCheckpoint(Checkpoint):
         # "boundary" (epoch done, the next one not begun) or "stopped" (mid-epoch, after the last step).
         self._form: str | None = None
 
-    @property
-    def saved_step(self) -> int:
-        """The optimizer step of the last `last.ckpt` this process wrote (-1: none)."""
-        return self._saved_step
-
     def _save(self, trainer: pl.Trainer, form: str | None) -> None:
         self._form = form
         try:

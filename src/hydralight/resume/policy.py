@@ -136,13 +136,7 @@ class Resume:
             path = Path(decision.init_from)
             contents = read_checkpoint(path, f"init_from={path}")
             self._check_compatible(contents, module, sizes, f"init_from={path}", continuing=False)
-            try:
-                module.load_state_dict(contents["state_dict"])
-            except RuntimeError as err:
-                first = str(err).strip().splitlines()[1:2] or [str(err)]
-                raise UserError(
-                    f"init_from={path}: its weights do not fit this model ({first[0].strip()[:200]})"
-                ) from None
+            load_weights(module, contents, f"init_from={path}")
 
     def _own(self, path: Path) -> dict[str, Any]:
         """The run dir's last.ckpt; unreadable, it is left as it is and the ways out are named."""

@@ -86,9 +86,7 @@ def build_trainer(
     loggers: list[Logger],
     shards_by_rank: bool = True,
 ) -> pl.Trainer:
-    from hydra.utils import instantiate
-
-    options: dict[str, Any] = instantiate(plan.trainer_kwargs(shards_by_rank), _convert_="all")  # e.g. a profiler
+    options: dict[str, Any] = instantiate(plan.trainer_kwargs(shards_by_rank))  # e.g. a profiler's _target_
     # Without a checkpoint callback (callbacks=none), Lightning's default one would write into the
     # logger's folder, where a rerun never looks: such a run writes no checkpoint.
     if not any(isinstance(c, Checkpoint) for c in callbacks):
