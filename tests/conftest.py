@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.warm import WarmInterpreter
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "helpers"
@@ -146,6 +147,11 @@ TINY = [
 ]
 
 
+# `python train.py` runs fork a warm interpreter (helpers/warm.py): the imports once per test process.
+WARM = WarmInterpreter(_SANDBOX)
+atexit.register(WARM.stop)
+
+
 def run_cli(
     args: list[str], run_dir: Path, data_dir: Path | None = None, timeout: float = 300, cwd: Path = ROOT, **env: str
 ) -> subprocess.CompletedProcess:
@@ -157,6 +163,8 @@ def run_cli(
     command = [sys.executable, str(ROOT / "train.py"), *args]
     if not has_dir and "-m" not in args and "--multirun" not in args:
         command.append(f"hydra.run.dir={run_dir}")
+    if WARM.usable(environ):
+        return WARM.run(command, cwd, environ, timeout)
     return subprocess.run(command, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
 
 

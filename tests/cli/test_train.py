@@ -54,6 +54,7 @@ RESUME_NOISE = ("Restor", "resuming from a checkpoint", "exists and is not empty
                 "MEMBER:", "[INFO]")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_console_of_a_resumed_ddp_run_says_where_it_continues_once(tiny_data, tmp_path):
     run = tmp_path / "run"
     args = [*TINY, "hardware.devices=2", "trainer.limit_train_batches=2", "trainer.log_every_n_steps=50"]
@@ -68,6 +69,7 @@ def test_console_of_a_resumed_ddp_run_says_where_it_continues_once(tiny_data, tm
     assert lines[1].startswith("plan: 2 cpu processes") and lines[-1].startswith("test/acc=")
 
 
+@pytest.mark.slow
 def test_a_shell_inside_a_slurm_allocation_runs_here_or_says_why_not(tiny_data, tmp_path):
     # An salloc shell: one task, SLURM's variables set. The ranks this run starts are its own, not srun's.
     allocation = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_PROCID": "0"}
@@ -95,6 +97,7 @@ def test_eval_of_a_checkpoint_reproduces_the_reported_accuracy(tiny_data, tmp_pa
     assert again["test/acc"] == pytest.approx(reported["test/acc"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers(tiny_data, tmp_path):
     accs = []
     for name in ("a", "b"):
@@ -155,6 +158,7 @@ def test_bad_batch_is_refused(tiny_data, tmp_path):
     assert "batch.global_size=0" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", [[], ["objective.metric=val/loss", "objective.direction=min"]])
 def test_a_run_returns_its_best_validation_value_never_a_test_metric(objective, tiny_data, tmp_path):
     """What a Hydra sweeper receives from `main`: the run's best `objective.metric` over its validations."""
@@ -201,6 +205,7 @@ def test_loggers_run(tiny_data, tmp_path, logger):
         assert list((run / "tensorboard").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_wandb_logger_runs_offline_without_a_key(tiny_data, tmp_path):
     run = tmp_path / "run"
     result = run_cli([*TINY, "logger=wandb"], run, tiny_data, WANDB_SILENT="true", HOME=str(tmp_path))

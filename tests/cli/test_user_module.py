@@ -52,6 +52,7 @@ def test_a_user_module_trains_as_it_is_and_is_judged_by_its_own_metric(tmp_path)
     assert any("no sample ids" in r for r in reasons) and any("does not shard by rank" in r for r in reasons)
 
 
+@pytest.mark.slow
 def test_a_user_module_continues_after_a_stop_and_a_larger_budget_and_refuses_other_settings(tmp_path):
     run = tmp_path / "run"
     stop = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=5"]
@@ -109,6 +110,7 @@ def test_a_module_without_validation_keeps_its_last_checkpoint_and_has_no_object
     assert "a search tunes val/acc" in one_line(search) and not (tmp_path / "search").exists()
 
 
+@pytest.mark.slow
 def test_a_lightning_hydra_template_module_gets_its_network_and_optimizer_built_by_hydra(tiny_data, tmp_path):
     run = tmp_path / "run"
     args = ["model=template", "hardware=cpu", "data.val_size=100", "batch.global_size=32", "trainer.max_steps=4"]
@@ -154,6 +156,7 @@ def test_a_user_module_on_two_processes_sweeps_and_searches_its_own_metric(tmp_p
     assert yaml.safe_load((search / "best.yaml").read_text())["test"]["test/mse"] is not None
 
 
+@pytest.mark.slow
 def test_the_language_model_example_learns_a_text(tmp_path):
     text = tmp_path / "text.txt"
     words = [
@@ -185,6 +188,7 @@ def test_the_language_model_example_learns_a_text(tmp_path):
     assert "data.path=" in one_line(run_cli(["experiment=charlm", "hardware=cpu"], tmp_path / "nopath"))
 
 
+@pytest.mark.slow
 def test_timm_networks_train_for_the_built_in_classifier(tiny_data, tmp_path):
     pytest.importorskip("timm", reason="timm is an optional extra: pip install 'hydralight[timm]'")
     run = tmp_path / "run"

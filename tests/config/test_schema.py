@@ -68,6 +68,7 @@ def test_every_job_of_a_sweep_is_checked_before_any_runs(sweep, tmp_path):
     no_run_dir_left(sweep_dir)
 
 
+@pytest.mark.slow
 def test_hydra_s_own_flags_and_sweeps_it_expands_itself_still_work(tmp_path):
     info = run_cli(["--info", "searchpath"], tmp_path / "run")
     assert info.returncode == 0 and "structured://" in info.stdout, info.stderr[-2000:]

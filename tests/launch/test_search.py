@@ -65,6 +65,7 @@ def test_sweep_syntax_maps_to_optuna_distributions():
     assert reproduce_command(["hparams_search=optuna", "optim.lr=0.01"]) == "python train.py optim.lr=0.01"
 
 
+@pytest.mark.slow
 def test_a_search_survives_a_failing_trial_and_names_the_best(tiny_data, tmp_path):
     sweep_dir = tmp_path / "search"
     result = search(["hydra.sweeper.n_trials=4", enqueue(NAN, {"optim.lr": 0.05, "batch.global_size": 32})],
@@ -95,6 +96,7 @@ def test_a_search_survives_a_failing_trial_and_names_the_best(tiny_data, tmp_pat
     assert best_val(tmp_path / "rerun") == pytest.approx(best["value"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_a_search_with_storage_continues_its_study(tiny_data, tmp_path):
     sweep_dir = tmp_path / "search"
     common = ["hydra/launcher=local", "hydra.sweeper.n_jobs=2", "hydra.sweeper.seed=3"]
@@ -129,6 +131,7 @@ def test_a_search_with_storage_continues_its_study(tiny_data, tmp_path):
     assert len(trials(sweep_dir)) == 4
 
 
+@pytest.mark.slow
 def test_values_the_plan_refuses_are_left_out_and_a_space_with_none_is_one_line(tiny_data, tmp_path):
     refused = search(["hardware.devices=2", "batch.global_size=choice(33, 35)"], tmp_path / "none", tiny_data)
     line = one_line(refused)
@@ -144,6 +147,7 @@ def test_values_the_plan_refuses_are_left_out_and_a_space_with_none_is_one_line(
     assert "nothing to search" in one_line(nothing)
 
 
+@pytest.mark.slow
 def test_a_search_where_every_trial_fails_ends_non_zero_with_its_reasons(tiny_data, tmp_path):
     result = search(["hydra.sweeper.n_trials=1", "optim.lr=choice(1e12)", "batch.global_size=32"],
                     tmp_path / "search", tiny_data)  # fmt: skip

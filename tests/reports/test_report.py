@@ -48,6 +48,7 @@ def report(*args):
     )
 
 
+@pytest.mark.slow
 def test_report_table_and_plots(sweep, tmp_path):
     result = report(sweep, "--out", tmp_path)
     assert result.returncode == 0, result.stderr
@@ -249,6 +250,7 @@ def table_rows(markdown: str, header: str) -> list[list[str]]:
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction,order", [("max", ["1", "0", "2"]), ("min", ["2", "0", "1"])])
 def test_search_section_ranks_trials_in_the_studys_direction(tmp_path, direction, order):
     write_search(tmp_path, direction)
@@ -291,6 +293,7 @@ def test_search_plots_are_optunas_drawn_from_the_study(tmp_path):
     assert write_search_plots(search, tmp_path, tmp_path / "out") == []  # no study: the table still stands
 
 
+@pytest.mark.slow
 def test_a_search_of_three_parameters_has_no_heatmap(tmp_path):
     space = {**SPACE, "optim.momentum": {"kind": "float", "low": 0.5, "high": 0.99, "step": None, "log": False}}
     write_search(tmp_path, space=space)
@@ -298,6 +301,7 @@ def test_a_search_of_three_parameters_has_no_heatmap(tmp_path):
     assert not (tmp_path / "heatmap.png").exists() and (tmp_path / "slice.png").is_file()
 
 
+@pytest.mark.slow
 def test_scaling_efficiency_from_known_samples_per_second(tmp_path):
     # Ideal: linear from world size 1. Efficiency: samples/s at N / (N x samples/s at 1).
     for name, devices, speed in (("0", 1, 1000.0), ("1", 2, 1800.0), ("2", 4, 3000.0)):
@@ -327,6 +331,7 @@ def test_scaling_efficiency_from_known_samples_per_second(tmp_path):
     assert [round(y, 4) for y in efficiency.lines[0].get_ydata()] == [100.0, 90.0, 75.0]
 
 
+@pytest.mark.slow
 def test_other_swept_keys_make_scaling_series_of_their_own(tmp_path):
     for name, devices, size, speed in (("0", 1, 64, 500.0), ("1", 2, 64, 800.0), ("2", 1, 128, 900.0),
                                        ("3", 2, 128, 1700.0)):  # fmt: skip

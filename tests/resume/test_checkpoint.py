@@ -43,6 +43,7 @@ def test_a_copied_run_dir_is_a_run_of_its_own(tiny_data, tmp_path, devices):
     assert max(int(r["step"]) for r in csv_rows(copy)) == 30
 
 
+@pytest.mark.slow
 def test_a_run_started_from_another_run_s_checkpoint_continues_from_its_own(tiny_data, tmp_path):
     source = tmp_path / "source"
     ok(run_cli([*BASE, "trainer.max_epochs=1"], source, tiny_data))
@@ -62,6 +63,7 @@ def test_a_run_started_from_another_run_s_checkpoint_continues_from_its_own(tiny
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_changed_learning_rate_is_applied_to_the_restored_optimizer(tiny_data, tmp_path):
     run = tmp_path / "run"
     ok(run_cli([*BASE, "trainer.max_epochs=1", "optim.lr=0.001"], run, tiny_data))
@@ -87,6 +89,7 @@ def test_another_optimizer_setting_is_refused_naming_the_key(tiny_data, tmp_path
     assert "optim.optimizer differs" in line and "weight_decay=0.1" in line
 
 
+@pytest.mark.slow
 def test_another_batch_size_is_refused_and_init_from_fine_tunes_with_it(tiny_data, tmp_path):
     run = tmp_path / "run"
     ok(run_cli([*BASE, "trainer.max_epochs=1", "trainer.max_steps=10"], run, tiny_data))
@@ -101,6 +104,7 @@ def test_another_batch_size_is_refused_and_init_from_fine_tunes_with_it(tiny_dat
     assert first_loss(tuned) < first_loss(run)
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_is_a_no_op_and_a_larger_budget_continues(tiny_data, tmp_path):
     run = tmp_path / "run"
     args = [*BASE, "trainer.max_epochs=2"]

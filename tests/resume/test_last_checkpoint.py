@@ -57,6 +57,7 @@ def test_every_end_of_training_leaves_the_final_state(tiny_data, tmp_path, budge
         assert "val/acc" in results(run)["metrics"]
 
 
+@pytest.mark.slow
 def test_max_time_leaves_the_final_state(tiny_data, tmp_path):
     run = tmp_path / "run"
     slow = ["+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.3", "trainer.max_epochs=50"]
@@ -129,6 +130,7 @@ def test_kill_9_then_resume_is_exact_for_every_optimizer_preset(tiny_data, tmp_p
     assert (killed / "csv" / "metrics.csv").read_bytes() == (plain / "csv" / "metrics.csv").read_bytes()
 
 
+@pytest.mark.slow
 def test_stretching_a_one_cycle_schedule_is_refused_in_one_line(tiny_data, tmp_path):
     run = tmp_path / "run"
     ok(run_cli([*BASE, "optim=adam_onecycle", "trainer.max_epochs=1"], run, tiny_data))

@@ -158,6 +158,7 @@ def test_checkpoint_of_another_architecture(tiny_data, tmp_path):
     assert "holds another model (MLP(" in line and "SeedCNN(" in line
 
 
+@pytest.mark.slow
 def test_resume_a_run_by_its_dir_and_refuse_another_experiment(tiny_data, tmp_path):
     first = tmp_path / "first"
     assert run_cli([*TINY, "optim.lr=0.003"], first, tiny_data).returncode == 0
@@ -189,6 +190,7 @@ def test_a_finished_run_is_never_overwritten(tiny_data, tmp_path):
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
+@pytest.mark.slow
 def test_four_jobs_preparing_one_data_dir_at_once(tiny_data, tmp_path):
     """Only one downloads; the others wait on the lock and never read a half-written file."""
     shared, count = tmp_path / "shared", tmp_path / "downloads.txt"

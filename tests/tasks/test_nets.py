@@ -71,6 +71,7 @@ def test_channels_last_computes_the_same_as_contiguous():
     torch.testing.assert_close(nhwc(x), plain(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_resnet_preset_trains_a_few_steps(tiny_data, tmp_path):
     run = tmp_path / "run"
     result = run_cli([*TINY, "model=resnet", "trainer.limit_train_batches=2", "logger=none"], run, tiny_data)

@@ -5,6 +5,7 @@ import socket
 import sys
 import time
 
+import pytest
 from conftest import HELPERS, TINY, run_cli
 
 sys.path.insert(0, str(HELPERS))
@@ -27,6 +28,7 @@ def of_kind(recs, kind):
     return [getattr(r, kind) for r in recs if r.WhichOneof("record_type") == kind]
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_holds_metrics_config_and_plan(tiny_data, tmp_path):
     run, recs = wandb_run(tiny_data, tmp_path)
     history = [
@@ -43,6 +45,7 @@ def test_wandb_offline_run_holds_metrics_config_and_plan(tiny_data, tmp_path):
     assert of_kind(recs, "exit")[0].exit_code == 0
 
 
+@pytest.mark.slow
 def test_resumed_run_continues_the_same_wandb_run(tiny_data, tmp_path):
     run, first = wandb_run(tiny_data, tmp_path)
     (run / "wandb").rename(tmp_path / "first-wandb")
@@ -59,6 +62,7 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_wandb_mode_offline_from_the_environment_wins_over_a_key(tiny_data, tmp_path):
     # The server address leads nowhere: a run that tried to go online would say so and wait.
     began = time.monotonic()
@@ -72,6 +76,7 @@ def test_wandb_mode_offline_from_the_environment_wins_over_a_key(tiny_data, tmp_
     assert of_kind(recs, "run") and time.monotonic() - began < 120
 
 
+@pytest.mark.slow
 def test_unreachable_wandb_server_falls_back_to_offline_with_one_line(tiny_data, tmp_path):
     run = tmp_path / "run"
     env = {"WANDB_API_KEY": FAKE_KEY, "WANDB_BASE_URL": f"http://127.0.0.1:{closed_port()}", "WANDB_SILENT": "true"}

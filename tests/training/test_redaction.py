@@ -1,6 +1,9 @@
 """Secrets (environment and command-line values) kept out of every file a run writes, wandb's included."""
 
+import pytest
 from test_loggers import SECRET, wandb_run
+
+pytestmark = pytest.mark.slow
 
 
 def test_secrets_never_reach_a_written_file(tiny_data, tmp_path):
