@@ -163,9 +163,29 @@ def run_cli(
     command = [sys.executable, str(ROOT / "train.py"), *args]
     if not has_dir and "-m" not in args and "--multirun" not in args:
         command.append(f"hydra.run.dir={run_dir}")
-    if WARM.usable(environ):
+    return run_python(command, environ, timeout, cwd)
+
+
+def run_python(
+    command: list[str], env: dict[str, str] | None = None, timeout: float = 300, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, capture_output=True, text=True)`; `[python, SCRIPT.py, ...]` runs as a fork of
+    the warm interpreter, and so do the Python scripts and DDP ranks it starts."""
+    environ = dict(os.environ if env is None else env)
+    if command[0] == sys.executable and command[1].endswith(".py") and WARM.usable(environ):
         return WARM.run(command, cwd, environ, timeout)
     return subprocess.run(command, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
+
+
+def popen(command: list[str], env: dict[str, str], cwd: Path = ROOT, merged: bool = True):
+    """`subprocess.Popen(command, stdout=PIPE, stderr=STDOUT if merged else PIPE, text=True,
+    start_new_session=True)`; a `[python, SCRIPT.py, ...]` command runs as a fork of the warm interpreter
+    (what the suite uses of Popen: pid, poll, wait, communicate, send_signal, kill)."""
+    if command[0] == sys.executable and command[1].endswith(".py") and WARM.usable(env):
+        return WARM.start(command, cwd, env, merged=merged)
+    stderr = subprocess.STDOUT if merged else subprocess.PIPE
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            start_new_session=True)  # fmt: skip
 
 
 def one_line(result: subprocess.CompletedProcess) -> str:

@@ -110,11 +110,8 @@ def test_a_plain_user_data_module_is_sharded_under_ddp(tmp_path):
     """An ordinary LightningDataModule, named in ./conf/data/ of the folder the run starts from (as the README
     says): under 2-process DDP each rank trains on its own half of the samples."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    from conftest import ROOT, TINY
+    from conftest import ROOT, TINY, run_cli
 
     (tmp_path / "conf" / "data").mkdir(parents=True)
     (tmp_path / "conf" / "data" / "plain.yaml").write_text(
@@ -123,10 +120,7 @@ def test_a_plain_user_data_module_is_sharded_under_ddp(tmp_path):
     args = ["data=plain", *(a for a in TINY if not a.startswith("data.")), "hardware.devices=2",
             "batch.global_size=32", "batch.num_workers=0", "trainer.limit_train_batches=null",
             f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "helpers")}
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    result = run_cli(args, tmp_path / "run", cwd=tmp_path, PYTHONPATH=str(ROOT / "tests" / "helpers"))
     assert result.returncode == 0, result.stderr[-3000:]
     seen = [json.loads((tmp_path / "seen" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [len(s) for s in seen] == [128, 128]  # 256 samples, one epoch, half each

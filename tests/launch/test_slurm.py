@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HELPERS, IN_CI, ROOT, TINY, csv_rows, run_cli
+from conftest import HELPERS, IN_CI, ROOT, TINY, csv_rows, popen, run_cli
 
 # One worker runs every test of the shared cluster, one after another (`make test` runs two workers).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
@@ -40,7 +40,7 @@ def sweep(args: list[str], sweep_dir: Path, data: Path, wait: bool = True, sized
     fit = ["hardware.cpus_per_task=1", "hardware.mem_gb=1"] if sized else []
     command = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm", "cluster=local", *fit, *args,
                f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
-    proc = subprocess.Popen(command, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = popen(command, environ)
     if not wait:
         return proc
     try:
@@ -210,8 +210,10 @@ def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
     start = f"ckpt_path={source / 'checkpoints' / 'last.ckpt'}"
     steps = [*TINY, "trainer.limit_train_batches=null", "trainer.max_epochs=3", "seed=3", start]
     slow = ["+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.15"]
-    code, output = sweep([*steps, "hardware.devices=2"], tmp_path / "plain", tiny_data)
-    assert code == 0, output[-2000:]
+    # The uninterrupted job to compare with: the same 2-process run, here (SLURM starts it alike).
+    plain = tmp_path / "plain"
+    straight = run_cli([*steps, "hardware.devices=2"], plain, tiny_data)
+    assert straight.returncode == 0, straight.stderr[-2000:]
 
     proc = sweep([*steps, *slow, "hardware.devices=2"], tmp_path / "requeued", tiny_data, wait=False)
     run = tmp_path / "requeued" / "0"
@@ -224,18 +226,18 @@ def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
         p.name for p in (tmp_path / "requeued" / ".submitit").iterdir() if re.fullmatch(r"\d+(_\d+)?", p.name)
     )
     requeue_and_finish(job_id, proc)
-    assert run_steps(run) == run_steps(tmp_path / "plain" / "0") == 45
+    assert run_steps(run) == run_steps(plain) == 45
     logs = "".join(p.read_text() for p in run.glob("*.log"))
     assert "continuing from this run's own" in logs and "which started it" in logs
-    plain = json.loads((tmp_path / "plain" / "0" / "results.json").read_text())["metrics"]
+    expected = json.loads((plain / "results.json").read_text())["metrics"]
     again = json.loads((run / "results.json").read_text())["metrics"]
-    assert again["test/acc"] == plain["test/acc"]
-    assert again["val/loss"] == pytest.approx(plain["val/loss"], rel=1e-5)
+    assert again["test/acc"] == expected["test/acc"]
+    assert again["val/loss"] == pytest.approx(expected["val/loss"], rel=1e-5)
     # The metric history of both attempts: every step once, the values of the uninterrupted job.
     rows = lambda job: [(r["step"], sorted(r)) for r in csv_rows(job)]  # noqa: E731
-    assert rows(run) == rows(tmp_path / "plain" / "0")
+    assert rows(run) == rows(plain)
     losses = lambda job: [float(r["train/loss_step"]) for r in csv_rows(job) if "train/loss_step" in r]  # noqa: E731
-    assert losses(run) == pytest.approx(losses(tmp_path / "plain" / "0"), rel=1e-5)
+    assert losses(run) == pytest.approx(losses(plain), rel=1e-5)
 
 
 def test_a_failing_job_does_not_stop_a_slurm_sweep(cluster, tiny_data, tmp_path):

@@ -4,12 +4,11 @@ import csv
 import json
 import re
 import shutil
-import subprocess
 import sys
 
 import pytest
 import yaml
-from conftest import ROOT, TINY, compose_config, csv_rows, run_cli
+from conftest import ROOT, TINY, compose_config, csv_rows, run_cli, run_python
 from conftest import plan_of as run_plan_of
 from omegaconf import OmegaConf
 
@@ -40,12 +39,7 @@ def sweep(tiny_data, tmp_path_factory):
 
 
 def report(*args):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "sweep_report.py"), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_python([sys.executable, str(ROOT / "scripts" / "sweep_report.py"), *map(str, args)], timeout=120)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import HELPERS, ROOT, TINY, one_line, run_cli, write_idx
+from conftest import HELPERS, ROOT, TINY, one_line, popen, run_cli, write_idx
 
 LONG = [*TINY, "model=cnn", "trainer.limit_train_batches=null", "trainer.max_epochs=3", "seed=9",
         "callbacks.last_checkpoint.every_n_steps=4"]  # fmt: skip
@@ -21,10 +21,7 @@ LONG = [*TINY, "model=cnn", "trainer.limit_train_batches=null", "trainer.max_epo
 def start(args: list[str], run: Path, data: Path) -> subprocess.Popen:
     env = {**os.environ, "DATA_DIR": str(data), "PYTHONPATH": str(HELPERS)}
     command = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run}"]
-    # Its own process group: a kill -9 can take every rank of the run at once, as a lost node would.
-    return subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    return popen(command, env)  # its own process group: a kill -9 takes every rank at once, as a lost node would
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
@@ -196,9 +193,7 @@ def test_four_jobs_preparing_one_data_dir_at_once(tiny_data, tmp_path):
     shared, count = tmp_path / "shared", tmp_path / "downloads.txt"
     env = {**os.environ, "PYTHONPATH": str(HELPERS)}
     command = [sys.executable, str(HELPERS / "slow_download.py"), str(shared), str(tiny_data), str(count)]
-    procs = [
-        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)
-    ]
+    procs = [popen(command, env, merged=False) for _ in range(4)]
     outputs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [err[-1500:] for _, err in outputs]
     assert [out.strip() for out, _ in outputs] == ["500"] * 4

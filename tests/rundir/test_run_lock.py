@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HELPERS, ROOT, TINY, one_line, run_cli
+from conftest import HELPERS, ROOT, TINY, one_line, popen, run_cli
 
 from hydralight.errors import UserError
 from hydralight.rundir import lock as run_lock
@@ -22,7 +22,7 @@ SLOW = [*TINY, "trainer.limit_train_batches=null", "trainer.max_epochs=3", "+cal
 def start(args: list[str], run: Path, data: Path) -> subprocess.Popen:
     env = {**os.environ, "DATA_DIR": str(data), "PYTHONPATH": str(HELPERS)}
     command = [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run}"]
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return popen(command, env)
 
 
 def snapshot(run: Path) -> dict[str, bytes]:

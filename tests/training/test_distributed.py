@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HELPERS, ROOT, TINY, run_cli
+from conftest import HELPERS, ROOT, TINY, popen, run_cli
 
 from hydralight.rundir.launch import global_rank
 
@@ -30,7 +30,9 @@ def results(run: Path) -> dict:
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_two_process_ddp_on_cpu(tiny_data, tmp_path, strategy):
     run = tmp_path / "run"
-    result = run_cli([*DDP2, f"strategy={strategy}"], run, tiny_data)
+    # With ddp, as a user starts it: a new interpreter, whose rank 1 is a new `python -m hydralight.worker`.
+    fresh = {"HYDRALIGHT_TESTS_FRESH": "1"} if strategy == "ddp" else {}
+    result = run_cli([*DDP2, f"strategy={strategy}"], run, tiny_data, **fresh)
     assert result.returncode == 0, result.stderr
     assert [r["global_rank"] for r in ranks(run)] == [0, 1]
     assert {r["world_size"] for r in ranks(run)} == {2}
@@ -202,30 +204,16 @@ def test_a_two_process_checkpoint_continues_on_one_process_with_the_same_masks(t
     assert max_relative_difference(final_weights(straight), final_weights(moved)) < 1e-6
 
 
-def test_same_seed_twice_gives_identical_weights_with_ddp(tiny_data, tmp_path):
-    for name in ("a", "b"):
-        assert run_cli([*DDP2, "seed=11"], tmp_path / name, tiny_data).returncode == 0
-    a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert results(tmp_path / "a")["test/acc"] == results(tmp_path / "b")["test/acc"]
-
-
-def test_two_runs_started_together_do_not_collide_on_ports(tiny_data, tmp_path):
+def test_two_runs_started_together_do_not_collide_and_the_same_seed_gives_identical_weights(tiny_data, tmp_path):
     env = {**os.environ, "DATA_DIR": str(tiny_data)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "train.py"), *DDP2, f"hydra.run.dir={tmp_path / name}"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for name in ("a", "b")
-    ]
+    command = [sys.executable, str(ROOT / "train.py"), *DDP2, "seed=11"]
+    procs = [popen([*command, f"hydra.run.dir={tmp_path / name}"], env) for name in ("a", "b")]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert all("Address already in use" not in out for out in outputs)
+    a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert results(tmp_path / "a")["test/acc"] == results(tmp_path / "b")["test/acc"]
 
 
 def test_a_failing_rank_ends_the_whole_run(tiny_data, tmp_path):
@@ -233,7 +221,7 @@ def test_a_failing_rank_ends_the_whole_run(tiny_data, tmp_path):
     command = [sys.executable, str(ROOT / "train.py"), *DDP2, "trainer.limit_train_batches=10",
                "+callbacks.fail._target_=failing.FailOnRank", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
     start = time.monotonic()
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = popen(command, env)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0
     assert time.monotonic() - start < 60

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension, make_dataset
 
 from hydralight.data.decode_cache import cached
 from hydralight.data.images import ImageDataModule
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 # Image modes a network can take as they are, and their channels; others (palette, 16-bit) need data.mode.
 CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
 # File endings read as images (torchvision's ImageFolder list); other files in the folders are ignored.
-IMAGE_FILES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGE_FILES = IMG_EXTENSIONS
 # Bump when the cache's content changes meaning: older caches are then rebuilt.
 CACHE_FORMAT = 1
 STATS_SAMPLES = 2000  # images the per-sample loader's mean/std are measured on
@@ -61,17 +62,20 @@ def class_folders(split_dir: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
 
 
-def image_files(folder: Path, hidden: list[str] | None = None) -> list[Path]:
-    """Image files under `folder` (sub-folders included), sorted. Hidden files and folders (a notebook's
-    `.ipynb_checkpoints`, `.DS_Store`) are left out, not descended into, and added to `hidden`."""
-    found = []
-    for top, dirs, names in os.walk(folder, followlinks=True):
-        if hidden is not None:
-            hidden += [str(Path(top) / d) for d in dirs if d.startswith(".")]
-            hidden += [str(Path(top) / n) for n in names if n.startswith(".")]
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found += [Path(top) / n for n in names if n.lower().endswith(IMAGE_FILES) and not n.startswith(".")]
-    return sorted(found)
+def image_files(split_dir: Path, classes: list[str], names: list[str], hidden: list[str]) -> list[tuple[Path, int]]:
+    """The images of the class folders `names` of a split (sub-folders included) with their labels (the index
+    in `classes`), listed by torchvision's class-folder listing. Files under a hidden name at any depth (a
+    notebook's `.ipynb_checkpoints`, `.DS_Store`) are left out and added to `hidden`."""
+
+    def wanted(path: str) -> bool:
+        if any(part.startswith(".") for part in Path(path).relative_to(split_dir).parts):
+            hidden.append(path)
+            return False
+        return has_file_allowed_extension(path, IMAGE_FILES)
+
+    labels = {name: classes.index(name) for name in names}
+    found = make_dataset(split_dir, labels, is_valid_file=wanted, allow_empty=True)
+    return [(Path(path), label) for path, label in found]
 
 
 def list_images(root: Path) -> Listing:
@@ -96,14 +100,11 @@ def list_images(root: Path) -> Listing:
                 f"{folder / unknown[0]} is a class that {where['train']} does not have; "
                 f"add {where['train'] / unknown[0]}/ with its training images, or remove it from {split}/"
             )
-        files[split] = []
-        for name in names:
-            found = image_files(folder / name, hidden)
-            if not found:
-                raise UserError(
-                    f"{folder / name} holds no images ({', '.join(IMAGE_FILES)}); add some or remove the folder"
-                )
-            files[split] += [(path, classes.index(name)) for path in found]
+        files[split] = image_files(folder, classes, names, hidden)
+        if empty := sorted(set(names) - {classes[label] for _, label in files[split]}):
+            raise UserError(
+                f"{folder / empty[0]} holds no images ({', '.join(IMAGE_FILES)}); add some or remove the folder"
+            )
     if hidden:
         log.info(f"left out {len(hidden)} hidden files and folders under {root} (such as {hidden[0]})")
     return Listing(classes, files["train"], files["test"])
