@@ -160,6 +160,22 @@ def assert_png(path):
     assert path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 
 
+def test_a_run_shorter_than_its_logging_interval_has_a_loss_point_at_each_validation_and_the_end(tiny_data, tmp_path):
+    # experiment=fast logs every 100 steps: a few dozen steps would leave the loss panel empty.
+    run = tmp_path / "run"
+    args = [*TINY, "trainer.limit_train_batches=null", "trainer.max_steps=8", "trainer.val_check_interval=3",
+            "trainer.log_every_n_steps=5"]  # fmt: skip
+    result = run_cli(args, run, tiny_data)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = csv_rows(run)
+    losses = [int(r["step"]) for r in rows if r.get("train/loss_step")]
+    validations = [int(r["step"]) for r in rows if r.get("val/acc")]
+    # Lightning's own rows (step 4, the 5th step) and ours (each validation, the end), each step once.
+    assert validations == [2, 5, 7] and losses == [2, 4, 5, 7], rows
+    (job,) = jobs_of(tmp_path)  # what the sweep report plots
+    assert [s for s, _ in job.train_loss] == losses and [s for s, _ in job.validation] == validations
+
+
 def test_curves_show_every_logged_point_by_step(tmp_path):
     # One-epoch runs: a val/acc per epoch would be one dot a job; by step every logged point shows.
     write_job(tmp_path, "0", ["optim.lr=0.001"], steps=12, vals=[(5, 0.8), (11, 0.9)])

@@ -123,16 +123,22 @@ class Classifier(pl.LightningModule):
         """Hand the loss to Lightning only when it is used: a `self.log` costs more than a cheap step.
 
         The step value at the steps Lightning writes to the loggers (every `trainer.log_every_n_steps`) and at
-        the last step before a validation or the end (curves of short runs have points, and the progress lines
-        show the latest); the epoch Metric once per epoch and trainer, which keeps it in the epoch's results
+        the last step before a validation or the end, written to the loggers there too (curves of short runs
+        have points, and the progress lines show the latest); the epoch Metric once per epoch and trainer, which keeps it in the epoch's results
         (Lightning computes and resets it at the epoch end) while `update` above accumulates every step.
         """
         trainer = self.trainer
         step = self.global_step + 1  # the optimizer step this batch belongs to
         last = trainer.is_last_batch or 0 < trainer.max_steps <= step or trainer.should_stop
         validates = isinstance(trainer.val_check_batch, int) and step % max(1, trainer.val_check_batch) == 0
-        if last or validates or step % max(1, trainer.log_every_n_steps) == 0 or trainer.fast_dev_run:
+        written = step % max(1, trainer.log_every_n_steps) == 0 or bool(trainer.fast_dev_run)
+        if last or validates or written:
             self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch_size)
+        if (last or validates) and not written:
+            # Lightning writes step values to the loggers only every log_every_n_steps: this one goes to them
+            # here, at the step Lightning would have written it with (loggers write on rank 0 only).
+            for logger in trainer.loggers:
+                logger.log_metrics({"train/loss_step": float(loss), "epoch": self.current_epoch}, step=self.global_step)
         epoch = (id(trainer), self.current_epoch)
         if getattr(self, "_train_loss_logged", None) != epoch:
             self._train_loss_logged = epoch

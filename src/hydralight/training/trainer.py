@@ -60,7 +60,7 @@ def configured_callbacks(plan: RunPlan, validates: bool) -> list[Callback]:
         if isinstance(callback, ModelCheckpoint) and callback.monitor and not validates:
             log.info(
                 f"no best checkpoint by {callback.monitor}: the module has no validation step "
-                f"(last.ckpt is the run's checkpoint)"
+                f"({run_dir.last} is the run's checkpoint)"
             )
             continue
         callbacks.append(callback)
