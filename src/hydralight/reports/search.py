@@ -180,16 +180,17 @@ def write_search_plots(search: Search, sweep_dir: Path, out_dir: Path) -> list[P
     study = load_study(search, sweep_dir)
     if study is None or not search.scored():
         return []
-    wanted = [("history", optuna_plots.plot_optimization_history, {}), ("slice", optuna_plots.plot_slice, {})]
+    named = {"target_name": search.metric}  # the axis says val/acc, not "Objective Value"
+    wanted = [("history", optuna_plots.plot_optimization_history, named), ("slice", optuna_plots.plot_slice, named)]
     if len(search.params) >= 2:
-        wanted += [("contour", optuna_plots.plot_contour, {"params": search.params[:2]}),
-                   ("importances", optuna_plots.plot_param_importances, {})]  # fmt: skip
+        wanted += [("contour", optuna_plots.plot_contour, {"params": search.params[:2], **named}),
+                   ("importances", optuna_plots.plot_param_importances, named)]  # fmt: skip
     written = []
     for name, draw, kwargs in wanted:
         fig = _plot(draw, study, **kwargs)
         if fig is None:
             continue
         fig.set_size_inches(max(6.0, fig.get_size_inches()[0]), max(4.0, fig.get_size_inches()[1]))
-        written.append(plots.save(fig, out_dir / f"{name}.png"))
+        written.append(plots.save(fig, out_dir / f"{name}.png", relayout=name != "slice"))
         plt.close(fig)
     return written

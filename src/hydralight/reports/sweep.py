@@ -272,8 +272,9 @@ def curves_figure(jobs: list[Job], swept: list[str]) -> Figure:
         valid.plot([s for s, _ in job.validation], [v for _, v in job.validation], marker="o",
                    color=line[0].get_color())  # fmt: skip
         drawn_any.append(line[0])
-    if plots.log_scale_fits([v for j in jobs for _, v in j.train_loss]):
-        loss.set_yscale("log")  # losses fall by orders of magnitude
+    losses = [v for j in jobs for _, v in j.train_loss]
+    if plots.log_scale_fits(losses) and max(losses) >= 10 * min(losses):
+        loss.set_yscale("log")  # losses that fall by orders of magnitude; a narrower range reads better linear
     for ax, name in ((loss, "training loss"), (valid, metric)):
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(name)
