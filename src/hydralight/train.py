@@ -18,7 +18,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from hydralight.config.compose import Invocation, compose_jobs
+from hydralight.config.compose import Invocation, compose_jobs, mode_known
 from hydralight.config.plan import Machine, RunPlan
 from hydralight.config.resolve import JobInfo
 from hydralight.config.schema import register
@@ -182,7 +182,8 @@ def cli() -> None:
 def _start(invocation: Invocation) -> None:
     global _locked_before_hydra
     # Every job's config is composed and type-checked first: a wrong value is one line, before any run dir.
-    configs = compose_jobs(CONFIG_DIR, "train", invocation)
+    modes: set = set()
+    configs = compose_jobs(CONFIG_DIR, "train", invocation, modes)
     if invocation.print_only:
         from hydralight.config.resolve import resources
 
@@ -190,14 +191,19 @@ def _start(invocation: Invocation) -> None:
             resources(cfg, Machine())  # the arithmetic too; the machine is checked only by a run
     invocation.check_writable()
     sys.argv[1:] = invocation.hydra_argv()
+    # Hydra need not compose everything again to learn what the configs say of hydra.mode (unless the
+    # command line sets it: those overrides are Hydra's, not composed above).
+    read = len(modes) == 1 and not any("hydra.mode" in arg for arg in invocation.argv)
+    known = mode_known(modes.pop()) if read else contextlib.nullcontext()
     # A named run dir is locked before Hydra writes its record there, so a live run is left untouched.
     named = invocation.fixed_run_dir()
-    if named is None or not is_rank_zero():
-        main()
-        return
-    with RunDirLock(named) as lock:
-        _locked_before_hydra = lock.run_dir
-        main()
+    with known:
+        if named is None or not is_rank_zero():
+            main()
+            return
+        with RunDirLock(named) as lock:
+            _locked_before_hydra = lock.run_dir
+            main()
 
 
 if __name__ == "__main__":

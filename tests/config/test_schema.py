@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, one_line, run_cli
+from conftest import ROOT, one_line, run_cli, run_python
 
 from hydralight.config.compose import Invocation, compose_jobs
 from hydralight.train import CONFIG_DIR
@@ -78,6 +78,38 @@ def test_hydra_s_own_flags_and_sweeps_it_expands_itself_still_work(tmp_path):
     command = [sys.executable, str(ROOT / "train.py"), "resume=some/run", "--cfg", "job"]
     resumed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0 and "resume: some/run" in resumed.stdout, resumed.stderr[-2000:]
+
+
+COUNTING = """\
+import sys
+from hydra._internal.hydra import Hydra
+from hydralight.train import cli
+
+composed = []
+compose_config = Hydra.compose_config
+Hydra.compose_config = lambda self, *a, **k: composed.append(1) or compose_config(self, *a, **k)
+try:
+    cli()
+finally:
+    print("composed", len(composed), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "composed", "plans"),
+    [([], 2, 1), (["-m", "seed=1,2"], 3, 2), (["hydra.mode=MULTIRUN", "seed=1,2"], 3, 2)],
+)
+def test_hydra_reads_the_run_mode_without_composing_again(args, composed, plans, tmp_path):
+    """Hydra 1.3 composes everything once more only to read hydra.mode; the project has read it (one compose
+    for the check, one for the run, one per job of a sweep). Set on the command line, Hydra reads it itself."""
+    script = tmp_path / "counting.py"
+    script.write_text(COUNTING)
+    where = f"hydra.sweep.dir={tmp_path / 'sweep'}" if "seed=1,2" in args else f"hydra.run.dir={tmp_path / 'run'}"
+    result = run_python([sys.executable, str(script), *args, "plan=true", where], cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    counted = int(result.stderr.rsplit("composed ", 1)[1].split()[0])
+    asked_hydra = 1 if "hydra.mode=MULTIRUN" in args else 0
+    assert counted == composed + asked_hydra and result.stdout.count("Run plan") == plans, result.stdout[-2000:]
 
 
 def test_a_good_config_composes_with_its_types():

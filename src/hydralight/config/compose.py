@@ -3,11 +3,13 @@ once, and the config of every job of it composed and type-checked before anythin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydralight.config.schema import planned_trainer_key
 from hydralight.errors import UserError
@@ -102,9 +104,12 @@ class Invocation:
         check_writable(Invocation(tuple(self.hydra_argv())).value(key) or default)
 
 
-def compose_jobs(config_dir: str, config_name: str, invocation: Invocation) -> list[DictConfig]:
+def compose_jobs(
+    config_dir: str, config_name: str, invocation: Invocation, hydra_modes: set | None = None
+) -> list[DictConfig]:
     """Compose the config of the run, or of every job of a `-m` sweep, as Hydra will; a wrong type or
-    choice is a UserError naming the key, the value and what is allowed."""
+    choice is a UserError naming the key, the value and what is allowed. `hydra_modes` receives the
+    `hydra.mode` each job's config sets (None: the command line decides)."""
     from hydra import compose, initialize_config_dir
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -137,9 +142,13 @@ def compose_jobs(config_dir: str, config_name: str, invocation: Invocation) -> l
         for number, job in enumerate(jobs):
             prefix = f"sweep job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
             try:
-                cfg = compose(config_name=config_name, overrides=job)
+                cfg = compose(config_name=config_name, overrides=job, return_hydra_config=True)
             except Exception as err:
                 raise UserError(prefix + explain(err, job)) from None
+            if hydra_modes is not None:
+                hydra_modes.add(cfg.hydra.get("mode"))
+            with open_dict(cfg):
+                del cfg["hydra"]  # what compose() returns without return_hydra_config
             if unknown := _added_to_a_schema(cfg):
                 raise UserError(
                     prefix
@@ -150,6 +159,21 @@ def compose_jobs(config_dir: str, config_name: str, invocation: Invocation) -> l
                 )
             configs.append(cfg)
     return configs
+
+
+@contextlib.contextmanager
+def mode_known(mode: Any) -> Iterator[None]:
+    """While Hydra starts the run: Hydra 1.3 composes the whole config once more only to read `hydra.mode`
+    (`_run_hydra` -> the private `Hydra.get_mode`); compose_jobs has read it already, so Hydra is told.
+    tests/config/test_schema.py counts the compositions of a run."""
+    from hydra._internal.hydra import Hydra
+
+    asked = Hydra.get_mode
+    Hydra.get_mode = lambda self, config_name, overrides: mode  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Hydra.get_mode = asked  # type: ignore[method-assign]
 
 
 def _added_to_a_schema(cfg: DictConfig) -> str | None:
