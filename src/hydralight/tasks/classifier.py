@@ -124,8 +124,9 @@ class Classifier(pl.LightningModule):
 
         The step value at the steps Lightning writes to the loggers (every `trainer.log_every_n_steps`) and at
         the last step before a validation or the end, written to the loggers there too (curves of short runs
-        have points, and the progress lines show the latest); the epoch Metric once per epoch and trainer, which keeps it in the epoch's results
-        (Lightning computes and resets it at the epoch end) while `update` above accumulates every step.
+        have points, and the progress lines show the latest); the epoch Metric once per epoch and trainer,
+        which keeps it in the epoch's results (Lightning computes and resets it at the epoch end) while
+        `update` above accumulates every step.
         """
         trainer = self.trainer
         step = self.global_step + 1  # the optimizer step this batch belongs to
