@@ -18,11 +18,11 @@ install: $(BIN)/python ## create .venv and install the project with its dev tool
 train: ## train with the default config (pass overrides as ARGS="experiment=fast ...")
 	$(BIN)/python train.py $(ARGS)
 
-# Two workers: most tests wait on subprocesses (start-up, DDP, SLURM); tests of the shared SLURM cluster
-# stay in one worker (xdist_group). WORKERS=0 runs everything in this process.
+# Two workers, one per core of a small machine (the suite keeps the CPUs busy; tests/conftest.py hands out
+# the slow tests first). WORKERS=0 runs everything in this process.
 WORKERS ?= 2
 # A .venv made before pytest-xdist was a dev dependency runs in one process (`make install` adds it).
-PARALLEL = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n $(WORKERS) --dist loadgroup")
+PARALLEL = $(shell $(BIN)/python -c "import xdist" 2>/dev/null && echo "-n $(WORKERS)")
 
 test: ## the whole test suite, slow tests included (what CI runs)
 	$(BIN)/python -m pytest -ra $(PARALLEL) $(ARGS)

@@ -148,13 +148,9 @@ TINY = [
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Longest work first, so that the two workers end together: the SLURM group (one worker runs all of it),
-    then the slow tests, then the rest; collection order within each."""
-
-    def rank(item: pytest.Item) -> int:
-        return 0 if item.get_closest_marker("xdist_group") else 1 if item.get_closest_marker("slow") else 2
-
-    items.sort(key=rank)
+    """Longest work first, so that the two workers end together: the slow tests, then the rest; collection
+    order within each."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 # `python train.py` runs fork a warm interpreter (helpers/warm.py): the imports once per test process.

@@ -19,8 +19,7 @@ from test_slurm import (
     sweep,
 )
 
-# The shared cluster: one worker runs every test that uses it.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm"), pytest.mark.usefixtures("cluster")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cluster")]
 PARTITION = "multi"  # the namespaced nodes of scripts/slurm_up.sh with NODES=2
 TWO_NODES = ["hardware=cpu", "hardware.devices=1", "hardware.num_nodes=2", f"cluster.partition={PARTITION}"]
 # 20 steps over two epochs of the tiny data, in float64 so that only a difference in samples, masks or

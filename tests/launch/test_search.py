@@ -170,7 +170,6 @@ def test_a_refused_batch_size_is_never_tried(tiny_data, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("slurm")  # the shared cluster: with the other SLURM tests, in one worker
 @pytest.mark.usefixtures("cluster")
 def test_search_trials_run_as_slurm_jobs(tiny_data, tmp_path):
     sweep_dir = tmp_path / "search"

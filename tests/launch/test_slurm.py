@@ -6,14 +6,17 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from conftest import HELPERS, IN_CI, ROOT, TINY, csv_rows, popen, run_cli
+from filelock import FileLock
 
-# One worker runs every test of the shared cluster, one after another (`make test` runs two workers).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+# Both pytest workers may use the shared cluster at once: each job asks for what fits beside another
+# (1 CPU, 1 GB unless a test wants the profile's own), SLURM queues the rest.
+pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +27,10 @@ def cluster() -> None:
     if os.geteuid() != 0 or not shutil.which("apt-get") and not shutil.which("slurmctld"):
         reason = "starting the local SLURM cluster needs root on a Debian/Ubuntu machine"
     else:
-        up = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_up.sh")], capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "NODES": "2"})  # fmt: skip
+        # Both pytest workers may get here at once: one brings the cluster up, the other then finds it up.
+        with FileLock(Path(tempfile.gettempdir()) / "hydralight-slurm-up.lock"):
+            up = subprocess.run(["bash", str(ROOT / "scripts" / "slurm_up.sh")], capture_output=True, text=True,
+                                timeout=600, env={**os.environ, "NODES": "2"})  # fmt: skip
         if up.returncode:
             reason = f"NODES=2 scripts/slurm_up.sh failed: {up.stderr.strip()[-500:]}"
     if reason:
