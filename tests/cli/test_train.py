@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY, csv_rows, one_line, run_cli
+from conftest import TINY, csv_rows, one_line, run_cli, run_python
 
 
 def test_train_writes_checkpoint_metrics_and_record(tiny_data, tmp_path):
@@ -174,8 +174,9 @@ def test_a_run_returns_its_best_validation_value_never_a_test_metric(objective, 
         "machine = detect()\n"
         "print('returned', run(resolve(cfg, machine, JobInfo(run_dir=cfg.paths.output_dir)), machine))"
     )
-    env = {**os.environ, "DATA_DIR": str(tiny_data)}
-    result = subprocess.run([sys.executable, "-c", code, *overrides], cwd=ROOT, env=env, capture_output=True, text=True)
+    script = tmp_path / "returned.py"
+    script.write_text(code)
+    result = run_python([sys.executable, str(script), *overrides], {**os.environ, "DATA_DIR": str(tiny_data)})
     assert result.returncode == 0, result.stderr[-3000:]
     returned = float(result.stdout.split("returned ")[-1])
     metric, pick = ("val/loss", min) if objective else ("val/acc", max)
