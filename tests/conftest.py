@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.warm import WarmInterpreter
+from helpers.warm import WarmInterpreter, forkable
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "helpers"
@@ -175,19 +175,20 @@ def run_cli(
 def run_python(
     command: list[str], env: dict[str, str] | None = None, timeout: float = 300, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess:
-    """`subprocess.run(command, capture_output=True, text=True)`; `[python, SCRIPT.py, ...]` runs as a fork of
-    the warm interpreter, and so do the Python scripts and DDP ranks it starts."""
+    """`subprocess.run(command, capture_output=True, text=True)`; a Python command the warm interpreter can
+    fork (`python SCRIPT.py ...`, see helpers/warm.forkable) runs as its fork, and so do the Python scripts and
+    DDP ranks it starts."""
     environ = dict(os.environ if env is None else env)
-    if command[0] == sys.executable and command[1].endswith(".py") and WARM.usable(environ):
+    if forkable(command) and WARM.usable(environ):
         return WARM.run(command, cwd, environ, timeout)
     return subprocess.run(command, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
 
 
 def popen(command: list[str], env: dict[str, str], cwd: Path = ROOT, merged: bool = True):
     """`subprocess.Popen(command, stdout=PIPE, stderr=STDOUT if merged else PIPE, text=True,
-    start_new_session=True)`; a `[python, SCRIPT.py, ...]` command runs as a fork of the warm interpreter
-    (what the suite uses of Popen: pid, poll, wait, communicate, send_signal, kill)."""
-    if command[0] == sys.executable and command[1].endswith(".py") and WARM.usable(env):
+    start_new_session=True)`; a Python command the warm interpreter can fork runs as its fork (what the suite
+    uses of Popen: pid, poll, wait, communicate, send_signal, kill)."""
+    if forkable(command) and WARM.usable(env):
         return WARM.start(command, cwd, env, merged=merged)
     stderr = subprocess.STDOUT if merged else subprocess.PIPE
     return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,

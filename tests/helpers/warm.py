@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # Read when torch, OpenMP or Python start, not later: a run that sets one differently needs its own interpreter.
@@ -58,6 +59,25 @@ def load_time_differences(a: dict[str, str], b: dict[str, str]) -> list[str]:
     """Variables read while the libraries load that two environments set differently."""
     names = {n for n in (*a, *b) if n.startswith(LOAD_TIME_PREFIXES) and n not in LOAD_TIME_EXCEPT}
     return sorted(n for n in names if a.get(n) != b.get(n))
+
+
+class Messages:
+    """Newline-delimited JSON messages from a file descriptor or a socket, each awaited up to a timeout."""
+
+    def __init__(self, source: int | socket.socket, read: Callable[[int], bytes]) -> None:
+        self.source, self.read, self.pending = source, read, b""
+
+    def next(self, timeout: float | None) -> dict | None:
+        """The next message, or None after `timeout` seconds without one (select sees all: no buffering)."""
+        while b"\n" not in self.pending:
+            if not select.select([self.source], [], [], timeout)[0]:
+                return None
+            chunk = self.read(65536)
+            if not chunk:
+                raise RuntimeError("the warm interpreter stopped")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
 
 
 class WarmProcess:
@@ -116,7 +136,7 @@ class WarmInterpreter:
         self.proc: subprocess.Popen | None = None
         self.env: dict[str, str] = {}
         self.count = 0
-        self._pending = b""
+        self._messages: Messages | None = None
         self._exited: dict[int, int] = {}
 
     def _start(self, env: dict[str, str]) -> subprocess.Popen:
@@ -125,7 +145,8 @@ class WarmInterpreter:
             self.proc = subprocess.Popen(
                 [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env, bufsize=0
             )
-            self._pending = b""
+            fd = self.proc.stdout.fileno()
+            self._messages = Messages(fd, lambda size: os.read(fd, size))
             self._exited = {}
             ready = self._answer(timeout=600)  # the imports are done
             if ready != {"ready": True}:
@@ -133,19 +154,10 @@ class WarmInterpreter:
         return self.proc
 
     def _answer(self, timeout: float | None = None) -> dict | None:
-        """The server's next message, or None after `timeout` seconds without one (unbuffered: select sees all).
-        Exit statuses are kept for `status`."""
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._pending:
-            if not select.select([fd], [], [], timeout)[0]:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise RuntimeError("the warm interpreter stopped")
-            self._pending += chunk
-        line, self._pending = self._pending.split(b"\n", 1)
-        message = json.loads(line)
-        if "exited" in message:
+        """The server's next message, or None after `timeout` seconds without one. Exit statuses are kept for
+        `status`."""
+        message = self._messages.next(timeout)
+        if message is not None and "exited" in message:
             self._exited[message["exited"]] = message["status"]
         return message
 
@@ -325,9 +337,10 @@ class WarmChild(subprocess.Popen):
                                           errwrite, *rest)  # fmt: skip
         start_new_session = rest[5]
         process_group = rest[6] if len(rest) > 6 else -1
-        self._warm, self._pending = True, b""
+        self._warm = True
         self._sock = socket.socket(socket.AF_UNIX)
         self._sock.connect(self.address)
+        self._messages = Messages(self._sock, self._sock.recv)
         request = {
             "argv": [os.fspath(a) for a in args[1:]],
             "cwd": os.path.abspath(os.fspath(cwd)) if cwd is not None else os.getcwd(),
@@ -340,26 +353,15 @@ class WarmChild(subprocess.Popen):
             stream.flush()
         try:
             socket.send_fds(self._sock, [(json.dumps(request) + "\n").encode()], fds)
-            self.pid = self._message(None)["started"]
+            self.pid = self._messages.next(None)["started"]
         finally:
             self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
         self._child_created = True
 
-    def _message(self, timeout: float | None) -> dict | None:
-        while b"\n" not in self._pending:
-            if not select.select([self._sock], [], [], timeout)[0]:
-                return None
-            chunk = self._sock.recv(65536)
-            if not chunk:
-                raise RuntimeError("the warm interpreter stopped")
-            self._pending += chunk
-        line, self._pending = self._pending.split(b"\n", 1)
-        return json.loads(line)
-
     def _try_wait(self, wait_flags: int) -> tuple[int, int]:
         if not self._warm:
             return super()._try_wait(wait_flags)
-        message = self._message(0 if wait_flags & os.WNOHANG else None)
+        message = self._messages.next(0 if wait_flags & os.WNOHANG else None)
         if message is None:
             return 0, 0
         self._sock.close()
