@@ -27,14 +27,14 @@ def figure(width: float, height: float, ncols: int = 1, nrows: int = 1) -> tuple
     return fig, list(fig.subplots(nrows, ncols, squeeze=False).ravel())
 
 
-def save(fig: Figure, path: Path, relayout: bool = True) -> Path:
-    """Write `fig` as a PNG; `relayout=False` keeps the layout its maker chose (Optuna's slice plot places its
-    colorbar by taking room from the panels, which tight_layout would give back to them)."""
+def save(fig: Figure, path: Path) -> Path:
+    """Write `fig` as a PNG. A figure with a colorbar keeps the layout its maker chose: a colorbar made beside
+    several panels takes its room from them, which tight_layout would give back and draw the colorbar over."""
     import warnings
 
-    if relayout:
+    if not any(ax.get_label() == "<colorbar>" for ax in fig.axes):  # matplotlib's label for colorbar axes
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # axes such as colorbars that tight_layout cannot place: bbox below
+            warnings.simplefilter("ignore")  # axes that tight_layout cannot place: bbox below
             fig.tight_layout()
     # "tight": a legend placed beside the panels is part of the picture.
     fig.savefig(path, dpi=110, bbox_inches="tight")

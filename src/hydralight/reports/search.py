@@ -191,6 +191,6 @@ def write_search_plots(search: Search, sweep_dir: Path, out_dir: Path) -> list[P
         if fig is None:
             continue
         fig.set_size_inches(max(6.0, fig.get_size_inches()[0]), max(4.0, fig.get_size_inches()[1]))
-        written.append(plots.save(fig, out_dir / f"{name}.png", relayout=name != "slice"))
+        written.append(plots.save(fig, out_dir / f"{name}.png"))
         plt.close(fig)
     return written
