@@ -35,6 +35,8 @@ BANNERS = (
     "Found current_model_state in the checkpoint",  # weight averaging continues its average
     # DDP set-up: the plan line says how many processes run.
     "Initializing distributed:",
+    # A schedule sized by the run's steps (one-cycle) asks for them; the plan line already says the batch.
+    "Loading `train_dataloader` to estimate number of stepping batches",
 )
 # Left out wherever they stand in a message (the DDP banner is framed by lines of dashes).
 INSIDE = ("All distributed processes registered",)
