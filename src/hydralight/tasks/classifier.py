@@ -8,13 +8,15 @@ own architecture.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from torch import nn
 from torchmetrics import MeanMetric, SumMetric
@@ -182,13 +184,32 @@ class Classifier(pl.LightningModule):
 
     def configure_optimizers(self) -> Any:
         lr = self.hparams.lr
-        optimizer = instantiate(self.hparams.optimizer or ADAM)(self.parameters(), lr=lr)
+        spec = self.hparams.optimizer or ADAM
+        with _refused_as("optim.optimizer", spec):
+            optimizer = instantiate(spec)(self.parameters(), lr=lr)
         if not self.hparams.scheduler:
             return optimizer
-        factory = instantiate(self.hparams.scheduler)
         total = int(self.trainer.estimated_stepping_batches)
-        scheduler = factory(optimizer, **run_length_kwargs(factory, lr, total))
+        with _refused_as("optim.scheduler", self.hparams.scheduler, total):
+            factory = instantiate(self.hparams.scheduler)
+            scheduler = factory(optimizer, **run_length_kwargs(factory, lr, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+@contextlib.contextmanager
+def _refused_as(key: str, spec: Any, steps: int | None = None) -> Iterator[None]:
+    """The optimizer or schedule a config asks for, refused in one line when torch refuses its values."""
+    target = str(spec.get("_target_", "?")).rsplit(".", 1)[-1] if hasattr(spec, "get") else "?"
+    try:
+        yield
+    except ZeroDivisionError:  # a schedule whose phases round to no step (OneCycleLR: pct_start x steps = 1)
+        raise UserError(
+            f"{key} ({target}) cannot schedule a run of {steps} optimizer steps: one of its phases would last no "
+            "step; run more steps or change the schedule's phases (e.g. optim.scheduler.pct_start)"
+        ) from None
+    except (ValueError, TypeError, InstantiationException) as err:  # a value out of range, an unknown argument
+        reason = str(err).split(", set env var HYDRA_FULL_ERROR")[0]  # Hydra's hint: the line is the whole story
+        raise UserError(f"{key} ({target}) refuses its config: {reason}; fix or remove that value") from None
 
 
 def run_length_kwargs(factory: Any, lr: float, total_steps: int) -> dict[str, Any]:
