@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,20 @@ def test_split_sizes_and_determinism(tiny_data):
     assert torch.equal(a.splits["val"].labels, b.splits["val"].labels)
     assert torch.equal(a.splits["val"].images, b.splits["val"].images)
     assert not torch.equal(a.splits["val"].images, c.splits["val"].images)
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"val_size": 600}, "data.val_size=600 must be between 1 and 599"),
+        ({"val_size": 0.95}, "data.val_size=0.95 leaves 30 training samples, fewer than one global batch"),
+        ({"max_shift": 28}, "data.max_shift=28 can move an image wholly out of its 28x28 frame"),
+    ],
+)
+def test_settings_the_data_cannot_meet_are_refused_before_loading(tiny_data, settings, said):
+    with pytest.raises(UserError, match=re.escape(said)):
+        module(tiny_data, **settings).prepare_data()
+    module(tiny_data, max_shift=27).prepare_data()  # one row or column of an image stays in its frame
 
 
 def test_tensor_and_torchvision_loaders_yield_the_same_batches(tiny_data):

@@ -135,7 +135,7 @@ class IdxDataModule(ImageDataModule):
             if self.files_present():
                 for name in IDX_FILES:  # headers and lengths: cheap, and a bad file is named now
                     self.check_idx_file(self.raw_dir(self.data_dir) / name)
-                self.check_split(self.train_size())
+                self.check_sizes(self.train_size())
                 return
         where = self.raw_dir(self.data_dir)
         fix = (

@@ -325,7 +325,7 @@ class ImageFolderDataModule(ImageDataModule):
     def prepare_data(self) -> None:
         """Decode into the cache (or measure the statistics) once; a bad file or layout is refused here."""
         self.content()
-        self.check_split(self.train_size() - len(self.content().get("skipped_train", [])))
+        self.check_sizes(self.train_size() - len(self.content().get("skipped_train", [])))
 
     def _decode_files(self, files: list[tuple[Path, int]]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
         """Decoded images and labels of `files`, in order, with threads; bad files refused or left out."""

@@ -108,8 +108,15 @@ class ImageDataModule(pl.LightningDataModule):
             return max(1, round(n_train * size))
         return int(size)
 
-    def check_split(self, n_train: int) -> int:
-        """The validation split must leave at least one global batch to train on; returns its size."""
+    def check_sizes(self, n_train: int) -> int:
+        """The settings must fit the data: the validation split leaves at least one global batch to train on
+        (returns the split's size), and a shift leaves part of each image in its frame."""
+        height, width = self.input_shape[1:]
+        if self.max_shift >= min(height, width):
+            raise UserError(
+                f"data.max_shift={self.max_shift} can move an image wholly out of its {height}x{width} frame "
+                f"(a blank training image); shift by fewer than {min(height, width)} pixels (a few: data.max_shift=2)"
+            )
         n_val = self.val_count(n_train)
         if not 0 < n_val < n_train:
             raise UserError(f"data.val_size={self.val_size} must be between 1 and {n_train - 1}")
@@ -138,7 +145,7 @@ class ImageDataModule(pl.LightningDataModule):
             self.splits["test"] = WithIds(test)
 
     def _parts(self, n_train: int) -> dict[str, torch.Tensor]:
-        n_val = self.check_split(n_train)
+        n_val = self.check_sizes(n_train)
         order = torch.randperm(n_train, generator=torch.Generator().manual_seed(self.seed))
         return {"train": order[n_val:], "val": order[:n_val]}
 
