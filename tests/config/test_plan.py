@@ -136,6 +136,10 @@ OUT_OF_RANGE = [
     ("trainer.num_sanity_val_steps=-3", "trainer.num_sanity_val_steps=-3 is out of range"),
     ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0 is out of range"),
     ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val=-1.0 is out of range"),
+    ("trainer.max_time=abc", "trainer.max_time=abc is not a duration: use DD:HH:MM:SS"),
+    ("trainer.max_time=1:00:00", "trainer.max_time=1:00:00 is not a duration"),
+    ("trainer.max_time={secs:5}", "trainer.max_time={'secs': 5} is not a duration"),
+    ("trainer.max_time={hours:-1}", "trainer.max_time={'hours': -1} is not a duration"),
     ("data.max_shift=-1", "data.max_shift=-1 is out of range"),
     ("data.val_size=-10", "data.val_size=-10 is out of range"),
     ("model.label_smoothing=1.0", "model.label_smoothing=1.0 is out of range"),
@@ -151,6 +155,11 @@ OUT_OF_RANGE = [
 def test_values_out_of_range_are_refused_in_the_plan(override, said):
     with pytest.raises(UserError, match=re.escape(said)):
         plan_of(override)
+
+
+@pytest.mark.parametrize("budget", ["00:12:00:00", "2:00:30:00", "{hours:12,minutes:30}", "{seconds:90.5}", "null"])
+def test_durations_lightning_reads_are_taken(budget):
+    plan_of(f"trainer.max_time={budget}")
 
 
 def test_out_of_range_and_a_file_for_a_folder_leave_no_run_dir(tiny_data, tmp_path):

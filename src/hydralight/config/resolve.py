@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,6 +140,21 @@ TRAINER_RANGES = (
 )  # fmt: skip
 
 
+# What Lightning's Timer takes for trainer.max_time: "DD:HH:MM:SS", or timedelta's arguments as a mapping.
+MAX_TIME = re.compile(r"\d+:\d\d:\d\d:\d\d")
+TIMEDELTA_KEYS = {"weeks", "days", "hours", "minutes", "seconds", "milliseconds", "microseconds"}
+
+
+def _duration(value: Any) -> bool:
+    if isinstance(value, str):
+        return MAX_TIME.fullmatch(value.strip()) is not None
+    if isinstance(value, Mapping):
+        amounts = list(value.values())
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in amounts)
+        return bool(value) and set(value) <= TIMEDELTA_KEYS and numbers
+    return False
+
+
 def _check_ranges(c: DictConfig) -> None:
     """Values whose type is right but whose value cannot run, refused before anything is written."""
     trainer = c.get("trainer") or {}
@@ -145,6 +162,11 @@ def _check_ranges(c: DictConfig) -> None:
         value = trainer.get(key)
         if value is not None and not ok(value):
             raise UserError(f"trainer.{key}={value} is out of range: use {allowed}")
+    if (budget := trainer.get("max_time")) is not None and not _duration(budget):
+        raise UserError(
+            f"trainer.max_time={budget} is not a duration: use DD:HH:MM:SS (trainer.max_time=00:12:00:00) or "
+            "amounts such as trainer.max_time={hours:12,minutes:30}"
+        )
     data, model = c.get("data") or {}, c.get("model") or {}
     for key in ("max_shift", "val_size"):
         value = data.get(key)
