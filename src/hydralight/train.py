@@ -32,8 +32,10 @@ warnings.filterwarnings("ignore", message="provider=hydra.searchpath in main, pa
 
 # The configs ship inside the package, so an installed (non-editable) copy finds them too.
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
-# The run dir `cli` locked before Hydra wrote its record there (a named dir of a single run).
+# The run dir `cli` locked before Hydra wrote its record there (a named dir of a single run), and that record
+# (folder, files) as it was: a refused run puts it back.
 _locked_before_hydra: Path | None = None
+_hydra_record_before: tuple[Path, Any] | None = None
 
 
 def run(plan: RunPlan, machine: Machine) -> float | None:
@@ -86,7 +88,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
 
         # 3. Fit, continuing the run's checkpoint.
         if plan.resume.mode == "train":
-            with record.timed("fit_seconds"), _discarded_if_nothing_trained(plan, trainer):
+            with record.timed("fit_seconds"), _left_as_it_was_if_refused(plan, trainer, record):
                 trainer.fit(module, datamodule=data, ckpt_path=resume.ckpt_path, weights_only=True)
         # 4. Test the best checkpoint.
         best, metrics = resume.to_test(trainer), dict(trainer.callback_metrics)
@@ -107,13 +109,16 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
 
 
 @contextlib.contextmanager
-def _discarded_if_nothing_trained(plan: RunPlan, trainer: Any) -> Iterator[None]:
-    """A single run refused before its first step (a batch its module cannot take) leaves no run dir."""
+def _left_as_it_was_if_refused(plan: RunPlan, trainer: Any, record: Any) -> Iterator[None]:
+    """A run refused inside `fit` (a batch its module cannot take, a setting its checkpoint cannot continue
+    with) changes nothing: a new single run leaves no run dir, an earlier run's record stays as it was."""
     try:
         yield
     except UserError as err:
         if plan.paths.sweep_dir is None and getattr(trainer, "global_step", 1) == 0 and not plan.resume.own:
             err.discard_run_dir = True  # type: ignore[attr-defined]
+        else:
+            record.restore_if_nothing_saved()
         raise
 
 
@@ -159,7 +164,10 @@ def main(cfg: DictConfig) -> float | None:
             if is_rank_zero():
                 if getattr(err, "discard_run_dir", False):
                     shutil.rmtree(run_dir, ignore_errors=True)
-                discard_unused_run_dir(run_dir)
+                kept = not discard_unused_run_dir(run_dir)
+                if kept and _hydra_record_before is not None and run_dir.resolve() == _locked_before_hydra:
+                    folder, files = _hydra_record_before
+                    files.restore(folder)  # an earlier run's record, as it was
             if job.sweep_dir is None:
                 raise
             # In a sweep the other jobs go on; the job's manifest says why it failed, the sweep's summary counts it.
@@ -180,7 +188,7 @@ def cli() -> None:
 
 
 def _start(invocation: Invocation) -> None:
-    global _locked_before_hydra
+    global _locked_before_hydra, _hydra_record_before
     # Every job's config is composed and type-checked first: a wrong value is one line, before any run dir.
     modes: set = set()
     configs = compose_jobs(CONFIG_DIR, "train", invocation, modes)
@@ -202,7 +210,12 @@ def _start(invocation: Invocation) -> None:
             main()
             return
         with RunDirLock(named) as lock:
+            from hydralight.rundir.record import FileSnapshot
+
             _locked_before_hydra = lock.run_dir
+            if (subdir := invocation.hydra_record_dir()) is not None:
+                folder = lock.run_dir / subdir
+                _hydra_record_before = (folder, FileSnapshot.of_folder(folder))
             main()
 
 

@@ -134,10 +134,19 @@ def test_kill_9_then_resume_is_exact_for_every_optimizer_preset(tiny_data, tmp_p
 def test_stretching_a_one_cycle_schedule_is_refused_in_one_line(tiny_data, tmp_path):
     run = tmp_path / "run"
     ok(run_cli([*BASE, "optim=adam_onecycle", "trainer.max_epochs=1"], run, tiny_data))
-    before = (run / "checkpoints" / "last.ckpt").read_bytes()
+    # Every file of the run but its log (which tells of each attempt) stays as it was: checkpoints, history,
+    # and the record that `resume=RUN_DIR` and the reports read (config, plan, manifest, Hydra's own).
+    files = lambda: {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".log"}  # noqa: E731
+    before = files()
+    assert {run / "config.yaml", run / "manifest.json", run / ".hydra" / "overrides.yaml"} <= set(before)
     line = one_line(run_cli([*BASE, "optim=adam_onecycle", "trainer.max_epochs=2"], run, tiny_data))
     assert "OneCycleLR schedule of 15 steps and this run would take 30" in line and "init_from=" in line
-    assert (run / "checkpoints" / "last.ckpt").read_bytes() == before
+    assert files() == before
+    refused = one_line(run_cli([*BASE, "optim=adam_onecycle", "optim.lr=0.02"], run, tiny_data))
+    assert "the learning rate 0.02 differs from 0.01" in refused and files() == before
+    # The run continues with its own settings from its own dir (nothing to do: it is finished).
+    again = run_cli([*BASE, "optim=adam_onecycle", f"resume={run}"], tmp_path / "again", tiny_data)
+    assert again.returncode == 0 and "already finished" in again.stdout, again.stderr[-2000:]
     # The way out it names works: a new run from those weights with a fresh schedule.
     ok(
         run_cli(

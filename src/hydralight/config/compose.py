@@ -95,6 +95,11 @@ class Invocation:
             return None
         return Invocation(tuple(self.hydra_argv())).value("hydra.run.dir")
 
+    def hydra_record_dir(self) -> str | None:
+        """The folder of the run dir where Hydra writes its own record (`hydra.output_subdir`; None: none)."""
+        given = Invocation(tuple(self.hydra_argv())).value("hydra.output_subdir")
+        return ".hydra" if given is None else None if given in ("null", "") else given
+
     def check_writable(self) -> None:
         """Refuse a run or sweep dir that cannot be written, before Hydra starts."""
         if self.print_only:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -127,6 +128,34 @@ def discard_unused_run_dir(path: Path) -> bool:
     return True
 
 
+class FileSnapshot:
+    """Some files as they are now (or their absence), to put back if what follows is refused."""
+
+    def __init__(self, paths: Iterable[Path]) -> None:
+        self.before = {p: p.read_bytes() if p.is_file() else None for p in paths}
+
+    @classmethod
+    def of_folder(cls, folder: Path) -> FileSnapshot:
+        return cls(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else cls([])
+
+    def restore(self, folder: Path | None = None) -> None:
+        """Put every file back; with `folder`, also remove the files made there since."""
+        made = (
+            [p for p in folder.iterdir() if p.is_file() and p not in self.before] if folder and folder.is_dir() else []
+        )
+        for path in made:
+            path.unlink()
+        for path, before in self.before.items():
+            if before is None:
+                path.unlink(missing_ok=True)
+                continue
+            temporary = path.with_name(f".{path.name}.restore")
+            temporary.write_bytes(before)
+            os.replace(temporary, path)
+        if folder is not None and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
 class RunRecord:
     """The record files of one run: config.yaml and plan.yaml at start, manifest.json throughout,
     results.json at the end. Only the writer (rank 0) writes."""
@@ -144,7 +173,13 @@ class RunRecord:
         self.writer = writer
         self.extra: dict[str, Any] = {}  # what callbacks measured, for results.json and the manifest
         self._manifest = None
+        # What this attempt replaces, put back if it is refused before it saves a checkpoint (`restore`).
+        self._before = self._ranks_before = FileSnapshot([])
+        self._checkpoints_before: set[tuple[str, int, int]] = set()
         if writer:
+            self._before = FileSnapshot([run_dir.config, run_dir.plan, run_dir.manifest])
+            self._ranks_before = FileSnapshot.of_folder(run_dir.rank_record(0).parent)
+            self._checkpoints_before = self._checkpoints()
             save_config(run_dir, config, plan)
             self._manifest = Manifest(run_dir, plan, machine, overrides)
             self._manifest.write()
@@ -171,6 +206,23 @@ class RunRecord:
                 str(error).strip().splitlines()[0] if error is not None and str(error).strip() else type(error).__name__
             )
             self._manifest.finish(status, error=reason, **self.extra)
+
+    def _checkpoints(self) -> set[tuple[str, int, int]]:
+        folder = self.run_dir.checkpoints
+        if not folder.is_dir():
+            return set()
+        return {(p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in folder.iterdir() if p.is_file()}
+
+    def restore_if_nothing_saved(self) -> bool:
+        """A refused attempt that saved no checkpoint leaves the run's record as it was (config.yaml, plan.yaml,
+        manifest.json and ranks/ of the attempt that made its checkpoints), so `resume=RUN_DIR` and the records
+        still describe them. True if it restored (the writer only)."""
+        if not self.writer or self._checkpoints() != self._checkpoints_before:
+            return False
+        self._before.restore()
+        self._ranks_before.restore(self.run_dir.rank_record(0).parent)
+        self._manifest = None  # nothing more is written for this attempt
+        return True
 
     def finish(self, results: Mapping[str, Any]) -> None:
         """Write results.json and mark the manifest finished (the writer only)."""
