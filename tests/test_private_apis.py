@@ -1309,3 +1309,38 @@ def test_should_update_logs_says_which_training_steps_are_written(tmp_path: Path
     trainer.fit(Asking())
     written = [step for step, metrics in logger.rows if "loss" in metrics]
     assert [i for i, due in enumerate(asked) if due] == written == [2, 5], hook.moved(f"asked {asked}, wrote {written}")
+
+
+def test_weight_averaging_counts_its_updates_and_swaps_with_the_module(tmp_path: Path) -> None:
+    """The averaging callbacks read how many weights the average holds and exchange it with the module."""
+    from pytorch_lightning.callbacks import WeightAveraging
+
+    from hydralight.lightning_internals import averaged_updates, swap_average
+
+    hook = Hook(
+        "pytorch_lightning",
+        "callbacks.WeightAveraging._average_model.n_averaged, WeightAveraging._swap_models",
+        "lightning_internals.py, training/averaging.py",
+        "validating and saving the trained weights until the average has taken any in",
+    )
+    seen: list[int] = []
+
+    class EverySecondStep(WeightAveraging):
+        def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
+            return step_idx is not None and step_idx % 2 == 1
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            super().on_train_batch_end(trainer, *args)
+            assert dig(self, "_average_model.n_averaged") is not ABSENT, hook.moved("no _average_model.n_averaged")
+            seen.append(averaged_updates(self))
+
+    averaging = EverySecondStep()
+    module = Tiny()
+    tiny_trainer(tmp_path, max_steps=4, callbacks=[averaging]).fit(module)
+    assert seen == [0, 1, 1, 2], hook.moved(f"n_averaged went {seen}")
+    assert callable(dig(averaging, "_swap_models")), hook.moved("no _swap_models")
+    before = [p.detach().clone() for p in module.parameters()]
+    average = [p.detach().clone() for p in averaging._average_model.module.parameters()]
+    swap_average(averaging, module)
+    assert all(torch.equal(p, a) for p, a in zip(module.parameters(), average, strict=True)), hook.moved()
+    assert all(torch.equal(p, b) for p, b in zip(averaging._average_model.module.parameters(), before, strict=True))

@@ -17,6 +17,21 @@ import pytorch_lightning as pl
 from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
+# -- weight averaging -------------------------------------------------------------------------------------
+
+
+def averaged_updates(callback: Any) -> int:
+    """How many weights a `WeightAveraging` callback's average has taken in (0: still the copy made when `fit`
+    started). The average (`_average_model`, an AveragedModel counting in `n_averaged`) has no public accessor."""
+    model = getattr(callback, "_average_model", None)
+    return 0 if model is None else int(model.n_averaged)
+
+
+def swap_average(callback: Any, module: pl.LightningModule) -> None:
+    """Exchange the module's weights with the average, as the callback's validation hooks do (`_swap_models`)."""
+    callback._swap_models(module)
+
+
 # -- the training loop's progress -----------------------------------------------------------------------
 
 

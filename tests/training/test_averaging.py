@@ -7,7 +7,7 @@ import signal
 
 import pytest
 import torch
-from conftest import HELPERS, TINY, run_cli
+from conftest import HELPERS, TINY, csv_rows, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +55,23 @@ def test_averaged_weights_are_tested_and_continue_exactly_after_a_stop(preset, t
         f"test/acc={results(plain)['test']['test/acc']:.4f}",
         f"test/loss={results(plain)['test']['test/loss']:.4f}",
     ]
+
+
+def test_swa_validates_the_weights_trained_until_it_averages_then_the_average_of_each_epoch_end(tiny_data, tmp_path):
+    """SWA from epoch 1: epochs 0 and 1 validate what plain training validates (no average yet, then an
+    average of one); epoch 2 validates and saves the mean of the weights epochs 1 and 2 ended with."""
+    swa, two, three = tmp_path / "swa", tmp_path / "two", tmp_path / "three"
+    ok(run_cli([*BASE, "callbacks=[default,swa]"], swa, tiny_data))
+    ok(run_cli([*BASE, "trainer.max_epochs=2"], two, tiny_data))
+    ok(run_cli(BASE, three, tiny_data))
+    validated = lambda run: [float(r["val/loss"]) for r in csv_rows(run) if "val/loss" in r]  # noqa: E731
+    assert validated(swa)[:2] == validated(three)[:2]
+    assert validated(swa)[2] != validated(three)[2]
+    averaged = checkpoint(swa / "checkpoints" / "last.ckpt")
+    ends = [checkpoint(run / "checkpoints" / "last.ckpt")["state_dict"] for run in (two, three)]
+    for name, value in averaged["state_dict"].items():
+        assert torch.allclose(value, (ends[0][name] + ends[1][name]) / 2, atol=1e-6), name
+        assert torch.equal(averaged["current_model_state"][name], ends[1][name])
 
 
 def test_early_stopping_stops_on_the_objective_and_keeps_counting_after_a_stop(tiny_data, tmp_path):
