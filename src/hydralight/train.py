@@ -92,7 +92,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
                 trainer.fit(module, datamodule=data, ckpt_path=resume.ckpt_path, weights_only=True)
         # 4. Test the best checkpoint.
         best, metrics = resume.to_test(trainer), dict(trainer.callback_metrics)
-        if tests(module):
+        if tests(module, data):
             with testing():
                 trainer.test(module, datamodule=data, ckpt_path=best, verbose=False, weights_only=True)
             metrics.update(trainer.callback_metrics)

@@ -98,13 +98,25 @@ def test_what_a_user_module_cannot_take_is_one_line(tmp_path, args, said):
         assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("data", ["my_tasks.regression.TrainAndValOnly", "my_tasks.regression.PointsWithoutTest"])
+def test_data_without_a_test_set_trains_and_says_there_are_no_test_metrics(tmp_path, data):
+    run = tmp_path / "run"
+    result = ok(user_run([*REGRESSION, f"data._target_={data}", "~data.n"], run))
+    assert result.stdout.splitlines()[-1].startswith("no test metrics (no test step in the module, or no test data)")
+    found = results(run)
+    assert found["objective"]["metric"] == "val/mse" and found["objective"]["value"] is not None
+    assert found["test"] == {} and "Traceback" not in result.stderr
+
+
 def test_a_module_without_validation_keeps_its_last_checkpoint_and_has_no_objective(tmp_path):
     run = tmp_path / "run"
     result = ok(user_run(["model=novalidation", "data=points", "hardware=cpu", "trainer.max_steps=6"], run))
     found = results(run)
     assert found["objective"]["value"] is None and found["best_checkpoint"] == str(run / "checkpoints" / "last.ckpt")
     assert "no validation step" in result.stderr + result.stdout
-    assert result.stdout.splitlines()[-1].startswith("no test metrics (the module has no test step); no objective")
+    assert result.stdout.splitlines()[-1].startswith(
+        "no test metrics (no test step in the module, or no test data); no"
+    )
     search = user_run(["-m", "model=novalidation", "data=points", "hparams_search=optuna",
                        f"hydra.sweep.dir={tmp_path / 'search'}"], tmp_path)  # fmt: skip
     assert "a search tunes val/acc" in one_line(search) and not (tmp_path / "search").exists()

@@ -61,5 +61,7 @@ def validates(module: pl.LightningModule) -> bool:
     return is_overridden("validation_step", module)
 
 
-def tests(module: pl.LightningModule) -> bool:
-    return is_overridden("test_step", module)
+def tests(module: pl.LightningModule, data: Any) -> bool:
+    """Whether there is a test stage: a test step, and test data from the data module (or the module)."""
+    source = data if isinstance(data, pl.LightningDataModule) else module
+    return is_overridden("test_step", module) and is_overridden("test_dataloader", source)

@@ -128,4 +128,4 @@ def result_line(results: dict[str, Any], run_dir: str) -> str:
         return f"{shown} {where}"
     value = results["objective"]["value"]
     best = f"best {results['objective']['metric']}={value:.4f}" if value is not None else "no objective"
-    return f"no test metrics (the module has no test step); {best} {where}"
+    return f"no test metrics (no test step in the module, or no test data); {best} {where}"

@@ -50,6 +50,32 @@ class RegressionData(pl.LightningDataModule):
         return DataLoader(self.parts["test"], batch_size=64)
 
 
+class PointsWithoutTest(RegressionData):
+    """The same points, with no test set (a data set whose test labels are held back)."""
+
+    test_dataloader = None  # type: ignore[assignment]
+
+
+class TrainAndValOnly(pl.LightningDataModule):
+    """A data module that never defines `test_dataloader`."""
+
+    sizes = ("in_features",)
+
+    def __init__(self, in_features: int = 4, batch_size: int = 32) -> None:
+        super().__init__()
+        self.points = RegressionData(in_features=in_features, batch_size=batch_size)
+        self.in_features = in_features
+
+    def setup(self, stage: str | None = None) -> None:
+        self.points.setup(stage)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.points.train_dataloader()
+
+    def val_dataloader(self) -> DataLoader:
+        return self.points.val_dataloader()
+
+
 class Regressor(pl.LightningModule):
     """An MLP trained with mean squared error; logs train/mse, val/mse and test/mse."""
 
