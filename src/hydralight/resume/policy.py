@@ -147,7 +147,7 @@ class Resume:
             return contents
         except UserError as err:
             older = sorted((p for p in path.parent.glob("*.ckpt") if p != path), key=lambda p: p.stat().st_mtime)
-            fallback = f", or continue from an older checkpoint of this run: ckpt_path={older[-1]}" if older else ""
+            fallback = f" (then ckpt_path={older[-1]} continues from this run's older checkpoint)" if older else ""
             raise UserError(
                 f"{err} (this run's own checkpoint, left untouched); to start the run over add resume=never "
                 f"(it will then be replaced), or move the file away{fallback}"
