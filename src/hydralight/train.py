@@ -53,7 +53,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     from hydralight.training.modules import tests
     from hydralight.training.records import Throughput, result_line, run_results
     from hydralight.training.strategy import build_strategy, job_scope
-    from hydralight.training.trainer import build_callbacks, build_trainer
+    from hydralight.training.trainer import build_callbacks, build_trainer, lightning_refusals
 
     quiet_framework()  # the console shows the plan, the run dir, progress and the result
     if (earlier := plan.resume.finished) is not None:  # the same command again: nothing to do
@@ -88,7 +88,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
 
         # 3. Fit, continuing the run's checkpoint.
         if plan.resume.mode == "train":
-            with record.timed("fit_seconds"), _left_as_it_was_if_refused(plan, trainer, record):
+            with record.timed("fit_seconds"), _left_as_it_was_if_refused(plan, trainer, record), lightning_refusals():
                 trainer.fit(module, datamodule=data, ckpt_path=resume.ckpt_path, weights_only=True)
         # 4. Test the best checkpoint.
         best, metrics = resume.to_test(trainer), dict(trainer.callback_metrics)

@@ -136,6 +136,7 @@ OUT_OF_RANGE = [
     ("trainer.num_sanity_val_steps=-3", "trainer.num_sanity_val_steps=-3 is out of range"),
     ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0 is out of range"),
     ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val=-1.0 is out of range"),
+    ("+trainer.gradient_clip_algorithm=l2", "trainer.gradient_clip_algorithm=l2 is not allowed; use norm or value"),
     ("trainer.max_time=abc", "trainer.max_time=abc is not a duration: use DD:HH:MM:SS"),
     ("trainer.max_time=1:00:00", "trainer.max_time=1:00:00 is not a duration"),
     ("trainer.max_time={secs:5}", "trainer.max_time={'secs': 5} is not a duration"),

@@ -8,13 +8,14 @@ from conftest import TINY, one_line, run_cli
     ("overrides", "said"),
     [
         (["+optim.optimizer.betas=[2,0.9]"], "optim.optimizer (Adam) refuses its config: Invalid beta parameter"),
+        (["+optim.optimizer.betas=[0.9]"], "optim.optimizer (Adam) refuses its config: list index out of range; fix"),
         (["+optim.optimizer.momentun=0.9"], "unexpected keyword argument 'momentun'; fix or remove that value"),
         (["optim.optimizer._target_=torch.optim.Adamx"], "Error locating target 'torch.optim.Adamx'; fix"),
         (["optim=adam_onecycle", "+optim.scheduler.anneal_strategy=cosine"], "anneal_strategy must be one of"),
         # 4 steps with a quarter of them warming up: torch's OneCycleLR divides by the warm-up's length - 1.
         (["optim=adam_onecycle"], "(OneCycleLR) cannot schedule a run of 4 optimizer steps: one of its phases"),
     ],
-    ids=["out-of-range", "misspelt", "no-such-class", "bad-choice", "phase-of-no-step"],
+    ids=["out-of-range", "too-few", "misspelt", "no-such-class", "bad-choice", "phase-of-no-step"],
 )
 def test_an_optimizer_or_schedule_torch_refuses_is_one_line_and_leaves_no_run_dir(overrides, said, tiny_data, tmp_path):
     line = one_line(run_cli([*TINY, *overrides], tmp_path / "run", tiny_data))

@@ -162,6 +162,8 @@ def _check_ranges(c: DictConfig) -> None:
         value = trainer.get(key)
         if value is not None and not ok(value):
             raise UserError(f"trainer.{key}={value} is out of range: use {allowed}")
+    if (clip := trainer.get("gradient_clip_algorithm")) not in (None, "norm", "value"):
+        raise UserError(f"trainer.gradient_clip_algorithm={clip} is not allowed; use norm or value")
     if (budget := trainer.get("max_time")) is not None and not _duration(budget):
         raise UserError(
             f"trainer.max_time={budget} is not a duration: use DD:HH:MM:SS (trainer.max_time=00:12:00:00) or "

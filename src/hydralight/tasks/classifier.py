@@ -207,8 +207,9 @@ def _refused_as(key: str, spec: Any, steps: int | None = None) -> Iterator[None]
             f"{key} ({target}) cannot schedule a run of {steps} optimizer steps: one of its phases would last no "
             "step; run more steps or change the schedule's phases (e.g. optim.scheduler.pct_start)"
         ) from None
-    except (ValueError, TypeError, InstantiationException) as err:  # a value out of range, an unknown argument
-        reason = str(err).split(", set env var HYDRA_FULL_ERROR")[0]  # Hydra's hint: the line is the whole story
+    except (ValueError, TypeError, IndexError, InstantiationException) as err:  # out of range, unknown, too few
+        # The first line (OmegaConf adds the key's details below); Hydra's hint: the line is the whole story.
+        reason = str(err).strip().splitlines()[0].split(", set env var HYDRA_FULL_ERROR")[0]
         raise UserError(f"{key} ({target}) refuses its config: {reason}; fix or remove that value") from None
 
 

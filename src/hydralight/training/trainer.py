@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytorch_lightning as pl
@@ -18,6 +21,7 @@ from pytorch_lightning.strategies import Strategy
 
 from hydralight.config.binding import bind, import_target, instantiate
 from hydralight.config.plan import RunPlan
+from hydralight.errors import UserError
 from hydralight.rundir.launch import external_launcher
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import AtomicCheckpointIO
@@ -93,3 +97,29 @@ def build_trainer(
         options["enable_checkpointing"] = False
     plugins: list[Any] = [AtomicCheckpointIO(), cluster_environment(plan.hardware.world_size)]
     return pl.Trainer(**options, plugins=plugins, strategy=strategy, callbacks=callbacks, logger=loggers or False)
+
+
+@contextlib.contextmanager
+def lightning_refusals() -> Iterator[None]:
+    """Settings Lightning refuses only once `fit` has the data (a validation interval longer than the epoch, an
+    option of a user's module or data it rejects), as one line instead of a traceback from its internals."""
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        yield
+    except MisconfigurationException as err:
+        raise UserError(f"Lightning refuses this run's settings: {_first_line(err)}") from None
+    except ValueError as err:
+        counts = re.match(r"`val_check_interval` \((\d+)\).*?\((\d+)\)", str(err).strip())
+        if counts is None:
+            raise
+        interval, batches = counts.groups()
+        raise UserError(
+            f"trainer.val_check_interval={interval} is more than the {batches} training batches of an epoch; "
+            f"validate within the epoch (at most {batches}), or count across epochs with "
+            "trainer.check_val_every_n_epoch=null"
+        ) from None
+
+
+def _first_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
