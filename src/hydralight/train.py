@@ -110,12 +110,14 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
 
 @contextlib.contextmanager
 def _left_as_it_was_if_refused(plan: RunPlan, trainer: Any, record: Any) -> Iterator[None]:
-    """A run refused inside `fit` (a batch its module cannot take, a setting its checkpoint cannot continue
-    with) changes nothing: a new single run leaves no run dir, an earlier run's record stays as it was."""
+    """A run refused inside `fit` (a batch its module cannot take, an objective it does not log, a setting its
+    checkpoint cannot continue with) changes nothing: a new single run leaves no run dir, an earlier run's
+    record stays as it was."""
     try:
         yield
     except UserError as err:
-        if plan.paths.sweep_dir is None and getattr(trainer, "global_step", 1) == 0 and not plan.resume.own:
+        untrained = getattr(trainer, "global_step", 1) == 0 or getattr(err, "before_any_result", False)
+        if plan.paths.sweep_dir is None and untrained and not plan.resume.own:
             err.discard_run_dir = True  # type: ignore[attr-defined]
         else:
             record.restore_if_nothing_saved()

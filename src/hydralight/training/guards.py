@@ -55,10 +55,12 @@ class ObjectiveLogged(pl.Callback):
             return
         logged = sorted(k for k in trainer.callback_metrics if not k.startswith(("train", "lr-")))
         shown = ", ".join(logged) if logged else "nothing"
-        raise UserError(
+        refused = UserError(
             f"objective.metric={self.metric} is not logged in validation by {type(pl_module).__name__} (it logs "
             f"{shown}); set objective.metric to one of them (objective.direction=min for a loss)"
         )
+        refused.before_any_result = True  # type: ignore[attr-defined]  # a new run leaves no run dir
+        raise refused
 
     def state_dict(self) -> dict[str, Any]:
         return {}
