@@ -145,6 +145,12 @@ def test_values_the_plan_refuses_are_left_out_and_a_space_with_none_is_one_line(
     assert "add -m" in one_line(single)
     nothing = search(["batch.global_size=16"], tmp_path / "empty", tiny_data, preset="hydra/sweeper=optuna")
     assert "nothing to search" in one_line(nothing)
+    on_test = search(["objective.metric=test/acc"], tmp_path / "on_test", tiny_data)
+    assert "objective.metric=test/acc is a test metric" in one_line(on_test) and not (tmp_path / "on_test").exists()
+    assert (
+        one_line(search(["hydra.sweeper.n_trials=0"], tmp_path / "none_tried", tiny_data)).removeprefix("error: ")
+        == "hydra.sweeper.n_trials=0 must be at least 1"
+    )
 
 
 @pytest.mark.slow

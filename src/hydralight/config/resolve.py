@@ -93,12 +93,16 @@ def resolve(cfg: DictConfig | dict[str, Any], machine: Machine, job: JobInfo) ->
     )
 
 
-def _check_top_level(c: DictConfig) -> None:
-    metric = str(c.objective.metric)
+def check_objective(metric: str) -> None:
+    """A run, a sweep and a search choose by validation, never by the test set."""
     if metric.startswith("test/"):
         raise UserError(
             f"objective.metric={metric} is a test metric; tune on validation, e.g. objective.metric=val/acc"
         )
+
+
+def _check_top_level(c: DictConfig) -> None:
+    check_objective(str(c.objective.metric))
     seed = c.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise UserError(f"seed={seed} must be an integer from 0 to 2**32-1; use e.g. seed=42")

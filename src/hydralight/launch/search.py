@@ -282,8 +282,9 @@ class OptunaSearch(Sweeper):
         return study
 
     def _check_settings(self) -> None:
-        if self.n_trials < 1 or self.n_jobs < 1:
-            raise UserError(f"hydra.sweeper.n_trials={self.n_trials} and n_jobs={self.n_jobs} must be at least 1")
+        for key, value in (("n_trials", self.n_trials), ("n_jobs", self.n_jobs)):
+            if value < 1:
+                raise UserError(f"hydra.sweeper.{key}={value} must be at least 1")
         subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False).get("subdir")
         if subdir != "${hydra.job.num}":
             raise UserError(
@@ -293,12 +294,13 @@ class OptunaSearch(Sweeper):
         self._check_objective()
 
     def _check_objective(self) -> None:
-        """A search needs an objective: a module without a validation step has none."""
+        """A search needs an objective on validation: not a test metric, and a module with a validation step."""
         import pytorch_lightning as pl
 
-        from hydralight.config.resolve import CLASSIFIER
+        from hydralight.config.resolve import CLASSIFIER, check_objective
         from hydralight.training.modules import module_class
 
+        check_objective(str(self.config.objective.metric))
         model = self.config.get("model") or {}
         target = model.get("_target_") or (CLASSIFIER if "net" in model else None)
         if target is None:
@@ -453,8 +455,9 @@ class OptunaSearch(Sweeper):
                 None,
                 f"{metric or self.config.objective.metric} is {(outcome.results.get('objective') or {}).get('value')} (never validated?)",
             )
-        if outcome.manifest:
-            return None, f"{outcome.status}: {outcome.reason or '-'}"
+        if outcome.manifest:  # said as "trial N failed: <reason>", or "... failed: interrupted: <reason>"
+            reason = outcome.reason or "-"
+            return None, reason if outcome.status == "failed" else f"{outcome.status}: {reason}"
         where = f"{self.sweep_dir / '.submitit'}" if hasattr(self.launcher, "_EXECUTOR") else "the output above"
         return None, f"the job wrote no result; see its log in {where}"
 
