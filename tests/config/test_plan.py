@@ -137,6 +137,10 @@ OUT_OF_RANGE = [
     ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps=0 is out of range"),
     ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val=-1.0 is out of range"),
     ("+trainer.gradient_clip_algorithm=l2", "trainer.gradient_clip_algorithm=l2 is not allowed; use norm or value"),
+    (
+        "logger=wandb logger.wandb.mode=ofline",
+        "logger.wandb.mode=ofline is not allowed; use one of auto, online, offline",
+    ),
     ("trainer.max_time=abc", "trainer.max_time=abc is not a duration: use DD:HH:MM:SS"),
     ("trainer.max_time=1:00:00", "trainer.max_time=1:00:00 is not a duration"),
     ("trainer.max_time={secs:5}", "trainer.max_time={'secs': 5} is not a duration"),
@@ -155,7 +159,7 @@ OUT_OF_RANGE = [
 @pytest.mark.parametrize(("override", "said"), OUT_OF_RANGE)
 def test_values_out_of_range_are_refused_in_the_plan(override, said):
     with pytest.raises(UserError, match=re.escape(said)):
-        plan_of(override)
+        plan_of(*override.split())
 
 
 @pytest.mark.parametrize("budget", ["00:12:00:00", "2:00:30:00", "{hours:12,minutes:30}", "{seconds:90.5}", "null"])

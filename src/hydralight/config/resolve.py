@@ -144,6 +144,8 @@ TRAINER_RANGES = (
 )  # fmt: skip
 
 
+# auto: online with a login and a server that answers, else offline; the rest are wandb's own modes.
+WANDB_MODES = ("auto", "online", "offline", "disabled", "shared", "dryrun", "run")
 # What Lightning's Timer takes for trainer.max_time: "DD:HH:MM:SS", or timedelta's arguments as a mapping.
 MAX_TIME = re.compile(r"\d+:\d\d:\d\d:\d\d")
 TIMEDELTA_KEYS = {"weeks", "days", "hours", "minutes", "seconds", "milliseconds", "microseconds"}
@@ -166,6 +168,10 @@ def _check_ranges(c: DictConfig) -> None:
         value = trainer.get(key)
         if value is not None and not ok(value):
             raise UserError(f"trainer.{key}={value} is out of range: use {allowed}")
+    wandb = (c.get("logger") or {}).get("wandb")
+    mode = wandb.get("mode") if isinstance(wandb, Mapping) else None
+    if mode is not None and mode not in WANDB_MODES:
+        raise UserError(f"logger.wandb.mode={mode} is not allowed; use one of {', '.join(WANDB_MODES[:4])}")
     if (clip := trainer.get("gradient_clip_algorithm")) not in (None, "norm", "value"):
         raise UserError(f"trainer.gradient_clip_algorithm={clip} is not allowed; use norm or value")
     if (budget := trainer.get("max_time")) is not None and not _duration(budget):
