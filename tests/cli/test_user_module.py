@@ -97,6 +97,17 @@ def test_what_a_user_module_cannot_take_is_one_line(tmp_path, args, said):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_module_named_on_the_command_line_leaves_out_the_options_classifier_arguments(tmp_path):
+    """`model._target_=...` over the default model option: its classifier arguments (net, _recursive_) are
+    not the new module's; one the command line gives is still checked against its constructor."""
+    named = ["model._target_=my_tasks.regression.Regressor", *(a for a in REGRESSION if not a.startswith("model="))]
+    run = tmp_path / "run"
+    ok(user_run(named, run))
+    assert results(run)["objective"]["value"] is not None
+    line = one_line(user_run([*named, "model.label_smoothing=0.1"], tmp_path / "other"))
+    assert "model.label_smoothing is not an argument of Regressor" in line and not (tmp_path / "other").exists()
+
+
 @pytest.mark.parametrize("data", ["my_tasks.regression.TrainAndValOnly", "my_tasks.regression.PointsWithoutTest"])
 def test_data_without_a_test_set_trains_and_says_there_are_no_test_metrics(tmp_path, data):
     run = tmp_path / "run"

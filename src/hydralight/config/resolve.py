@@ -389,6 +389,8 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
         if item is not None and (value != "scheduler" or "scheduler" in offered):
             explicit[value] = item
     replaced = _overridden(job, "model._target_", "model.net._target_")
+    if replaced is not None and replaced.split("=", 1)[0].lstrip("+~") == "model._target_":
+        spec = _without_the_replaced_options_arguments(spec, job)
     return ModelPlan(
         spec=spec,
         offered=offered,
@@ -398,6 +400,22 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
         option=job.choices.get("model"),
         replaced=replaced.split("=", 1)[0].lstrip("+~") if replaced else None,
     )
+
+
+def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo) -> dict[str, Any]:
+    """`model._target_=my.Module` on the command line: the arguments the model option set for the module it
+    named (the built-in classifier's `net`, `_recursive_: false`) that the new module does not take are left
+    out; those given on the command line stay, and are checked against its constructor."""
+    from hydralight.config.binding import accepted_arguments, import_target
+
+    given = {item.split("=", 1)[0].lstrip("+~").split(".")[1] for item in job.overrides
+             if item.split("=", 1)[0].lstrip("+~").startswith("model.")}  # fmt: skip
+    names, takes_any = accepted_arguments(import_target(str(spec["_target_"]), "model._target_"))
+    if takes_any:
+        return spec
+    # `_recursive_: false` was the classifier's (it builds its network itself); other modules get theirs built.
+    unused = [k for k in spec if k not in given and k != "_target_" and (k == "_recursive_" or k not in names)]
+    return {k: v for k, v in spec.items() if k not in unused}
 
 
 def _data(c: DictConfig, task: TaskPlan) -> DataPlan:
