@@ -91,9 +91,7 @@ def test_eval_of_a_checkpoint_reproduces_the_reported_accuracy(tiny_data, tmp_pa
     train = run_cli([*TINY, "trainer.limit_train_batches=8"], tmp_path / "train", tiny_data)
     assert train.returncode == 0, train.stderr
     reported = json.loads((tmp_path / "train" / "results.json").read_text())
-    evaluated = run_cli(
-        [*TINY, "model=cnn", "mode=eval", f"ckpt_path={reported['best_checkpoint']}"], tmp_path / "eval", tiny_data
-    )
+    evaluated = run_cli([*TINY, "mode=eval", f"ckpt_path={reported['best_checkpoint']}"], tmp_path / "eval", tiny_data)
     assert evaluated.returncode == 0, evaluated.stderr
     again = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert again["test/acc"] == pytest.approx(reported["test/acc"], abs=1e-6)

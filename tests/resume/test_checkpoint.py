@@ -158,6 +158,25 @@ def test_eval_records_the_network_it_evaluated(tiny_data, tmp_path):
     assert "MLP" in (evaluated / "config.yaml").read_text() and "SeedCNN" not in (evaluated / "config.yaml").read_text()
 
 
+def test_eval_takes_the_training_command_and_refuses_another_model_or_a_second_starting_point(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli(TINY, run, tiny_data))  # model=mlp
+    last = run / "checkpoints" / "last.ckpt"
+    ok(run_cli([*TINY, "mode=eval", f"ckpt_path={last}"], tmp_path / "same", tiny_data))  # the same model: fine
+    other = one_line(run_cli([*TINY, "model=cnn", "mode=eval", f"ckpt_path={last}"], tmp_path / "cnn", tiny_data))
+    assert "model.net differs: model=cnn" in other and f"init_from={last}" in other
+    smoothing = one_line(run_cli([*TINY, "mode=eval", f"ckpt_path={last}", "model.label_smoothing=0.2"],
+                                 tmp_path / "smooth", tiny_data))  # fmt: skip
+    assert "model.label_smoothing differs: model.label_smoothing=0.2" in smoothing
+    both = one_line(run_cli([*TINY, f"init_from={last}", f"ckpt_path={last}"], tmp_path / "both", tiny_data))
+    assert "are both given; keep one" in both
+    unused = one_line(
+        run_cli([*TINY, "mode=eval", f"ckpt_path={last}", f"init_from={last}"], tmp_path / "x", tiny_data)
+    )
+    assert "init_from would be ignored" in unused
+    assert not any((tmp_path / name).exists() for name in ("cnn", "smooth", "both", "x"))
+
+
 def test_a_resumed_attempt_reports_its_own_throughput(tiny_data, tmp_path):
     run = tmp_path / "run"
     ok(run_cli([*BASE, "trainer.max_epochs=1"], run, tiny_data))

@@ -74,6 +74,7 @@ def resolve(cfg: DictConfig | dict[str, Any], machine: Machine, job: JobInfo) ->
     config, run_dir = resumed_config(config, job)
     c = OmegaConf.create(config)
     _check_top_level(c)
+    _check_starting_points(c)
     hw, fw, task = resources(c, machine)
     paths = PathsPlan(run_dir=run_dir, sweep_dir=job.sweep_dir, job_name=job.job_name, overrides=list(job.overrides))
     return RunPlan(
@@ -98,6 +99,19 @@ def check_objective(metric: str) -> None:
     if metric.startswith("test/"):
         raise UserError(
             f"objective.metric={metric} is a test metric; tune on validation, e.g. objective.metric=val/acc"
+        )
+
+
+def _check_starting_points(c: DictConfig) -> None:
+    """What a run starts from is applied or refused, never ignored: `mode=eval` tests `ckpt_path`; `init_from`
+    starts a new run from weights, `ckpt_path` continues one."""
+    if c.mode == "eval":  # (a model set on the command line: see resume.policy, which reads the checkpoint)
+        if c.get("init_from") is not None:
+            raise UserError("mode=eval tests ckpt_path; init_from would be ignored: drop it")
+    elif c.get("init_from") is not None and c.get("ckpt_path") is not None:
+        raise UserError(
+            f"init_from={c.init_from} (a new run from those weights) and ckpt_path={c.ckpt_path} (continue that "
+            "run) are both given; keep one"
         )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,18 @@ class Resume:
         hyperparameters), with its weights; and the model slice it was built from (the run's records name it)."""
         path = Path(str(self.decision.ckpt_path))
         contents = read_checkpoint(path, f"ckpt_path={path}")
+        # A model the command line asks for, other than the one the checkpoint records, would be ignored.
+        then, now = record_of(contents).get("model") or {}, self.plan.model.spec
+        given = [o for o in self.plan.paths.overrides if re.match(r"[+~]*model([.=]|$)", o)]
+        differing = sorted(k for k in {*then, *now} if then.get(k) != now.get(k)) if then else []
+        if given and differing:
+            key = f"model.{differing[0]}"
+            asks = next((o for o in reversed(given) if re.match(rf"[+~]*{re.escape(key)}([.=]|$)", o)), given[-1])
+            raise UserError(
+                f"mode=eval tests the module {path} holds, built as it was trained, but the command line asks for "
+                f"another ({key} differs: {asks}), which would be ignored; drop it (to train that model from the "
+                f"checkpoint's weights: init_from={path})"
+            )
         model = model_of(contents, self.plan.model)
         module = rebuild(contents, model, sizes, f"ckpt_path={path}")
         self._check_compatible(contents, module, sizes, f"ckpt_path={path}", continuing=False)
