@@ -42,7 +42,7 @@ SIZE_DEFAULTS = {"num_classes": 10, "input_shape": [1, 28, 28]}
 def describe(spec: Any) -> str:
     """A `_target_` config in one short phrase: `Adam(weight_decay=0.0)`, `MLP(hidden=[128, 256])`."""
     if not isinstance(spec, dict):
-        return str(spec) if spec is not None else "no model config"
+        return str(spec) if spec is not None else "none"
     target = str(spec.get("_target_", "?")).rsplit(".", 1)[-1]
     args = ", ".join(f"{k}={v}" for k, v in spec.items() if not k.startswith("_"))
     return f"{target}({args})"
