@@ -159,7 +159,7 @@ def test_a_search_where_every_trial_fails_ends_non_zero_with_its_reasons(tiny_da
                     tmp_path / "search", tiny_data)  # fmt: skip
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stdout + result.stderr
-    assert "0 of 1 trials done, 1 failed (#0: failed: the loss is" in result.stdout + result.stderr
+    assert "0 of 1 trials done, 1 failed (#0 failed: the loss is" in result.stdout + result.stderr
     assert not (tmp_path / "search" / "best.yaml").exists()
 
 

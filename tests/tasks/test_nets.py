@@ -100,7 +100,7 @@ def test_compiled_model_trains_alike_resumes_and_its_checkpoints_load_uncompiled
     # The compiled run's checkpoint evaluates in an uncompiled model to the accuracy it reported.
     reported = json.loads((compiled / "results.json").read_text())
     evaluated = run_cli(
-        [*TINY, "mode=eval", f"ckpt_path={reported['best_checkpoint']}", "logger=none"], tmp_path / "eval", tiny_data
+        [*base, "mode=eval", f"ckpt_path={reported['best_checkpoint']}", "logger=none"], tmp_path / "eval", tiny_data
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert json.loads((tmp_path / "eval" / "results.json").read_text())["test/acc"] == reported["test/acc"]

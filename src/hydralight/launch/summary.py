@@ -28,7 +28,7 @@ def search_line(sweep_dir: Path) -> tuple[str, bool] | None:
     if failed:
         line += (
             f", {len(failed)} failed ("
-            + "; ".join(f"#{t['number']}: {(t.get('reason') or '-')[:160]}" for t in failed)
+            + "; ".join(f"#{t['number']} failed: {(t.get('reason') or '-')[:160]}" for t in failed)
             + ")"
         )
     if (best := search.get("best")) is not None:

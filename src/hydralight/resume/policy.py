@@ -39,6 +39,10 @@ CONFIG_KEYS = {"lr": "optim.lr", "optimizer": "optim.optimizer", "scheduler": "o
 SIZE_DEFAULTS = {"num_classes": 10, "input_shape": [1, 28, 28]}
 
 
+# Arguments of the built-in classifier that choose how it runs, not what it is (the weights are the same).
+HOW_IT_RUNS = ("compile", "compile_mode", "channels_last")
+
+
 def describe(spec: Any) -> str:
     """A `_target_` config in one short phrase: `Adam(weight_decay=0.0)`, `MLP(hidden=[128, 256])`."""
     if not isinstance(spec, dict):
@@ -224,10 +228,12 @@ class Resume:
         hyperparameters), with its weights; and the model slice it was built from (the run's records name it)."""
         path = Path(str(self.decision.ckpt_path))
         contents = read_checkpoint(path, f"ckpt_path={path}")
-        # A model the command line asks for, other than the one the checkpoint records, would be ignored.
+        # A model the command line asks for, other than the one the checkpoint records, would be ignored (how it
+        # runs, compiled or channels-last, leaves the weights and the results as they are).
         then, now = record_of(contents).get("model") or {}, self.plan.model.spec
         given = [o for o in self.plan.paths.overrides if re.match(r"[+~]*model([.=]|$)", o)]
-        differing = sorted(k for k in {*then, *now} if then.get(k) != now.get(k)) if then else []
+        keys = {*then, *now} - set(HOW_IT_RUNS)
+        differing = sorted(k for k in keys if then.get(k) != now.get(k)) if then else []
         if given and differing:
             key = f"model.{differing[0]}"
             asks = next((o for o in reversed(given) if re.match(rf"[+~]*{re.escape(key)}([.=]|$)", o)), given[-1])
@@ -237,6 +243,9 @@ class Resume:
                 f"checkpoint's weights: init_from={path})"
             )
         model = model_of(contents, self.plan.model)
+        # How it runs is this run's choice: a compiled run's checkpoint tests uncompiled unless asked otherwise.
+        runs = {k: now[k] for k in HOW_IT_RUNS if k in now and k in model.spec}
+        model = dataclasses.replace(model, spec={**model.spec, **runs})
         module = rebuild(contents, model, sizes, f"ckpt_path={path}")
         self._check_compatible(contents, module, sizes, f"ckpt_path={path}", continuing=False)
         return module, model
