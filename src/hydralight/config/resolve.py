@@ -369,10 +369,15 @@ def _overridden(job: JobInfo, *keys: str, groups: tuple[str, ...] = ()) -> str |
     """The first command-line override that sets one of `keys` (or a key below one) or picks an option of one
     of `groups`, as given."""
     for item in job.overrides:
-        key = item.split("=", 1)[0].lstrip("+~")
+        key = str(_override_key(item))
         if key in groups or any(key == k or key.startswith(f"{k}.") for k in keys):
             return item
     return None
+
+
+def _override_key(item: str | None) -> str | None:
+    """The key a command-line override sets (`+model.x=1` -> `model.x`)."""
+    return None if item is None else item.split("=", 1)[0].lstrip("+~")
 
 
 def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
@@ -402,8 +407,8 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
         item = _overridden(job, *keys, groups=groups)
         if item is not None and (value != "scheduler" or "scheduler" in offered):
             explicit[value] = item
-    replaced = _overridden(job, "model._target_", "model.net._target_")
-    if replaced is not None and replaced.split("=", 1)[0].lstrip("+~") == "model._target_":
+    replaced = _override_key(_overridden(job, "model._target_", "model.net._target_"))
+    if replaced == "model._target_":
         spec = _without_the_replaced_options_arguments(spec, job)
     return ModelPlan(
         spec=spec,
@@ -412,7 +417,7 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
         invariant_dropout=bool(options.get("invariant_dropout", True)),
         sync_batchnorm=bool(options.get("sync_batchnorm", False)),
         option=job.choices.get("model"),
-        replaced=replaced.split("=", 1)[0].lstrip("+~") if replaced else None,
+        replaced=replaced,
     )
 
 
@@ -422,8 +427,8 @@ def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo) 
     out; those given on the command line stay, and are checked against its constructor."""
     from hydralight.config.binding import accepted_arguments, import_target
 
-    given = {item.split("=", 1)[0].lstrip("+~").split(".")[1] for item in job.overrides
-             if item.split("=", 1)[0].lstrip("+~").startswith("model.")}  # fmt: skip
+    keys = [_override_key(item) for item in job.overrides]
+    given = {key.split(".")[1] for key in keys if key.startswith("model.")}
     names, takes_any = accepted_arguments(import_target(str(spec["_target_"]), "model._target_"))
     if takes_any:
         return spec
