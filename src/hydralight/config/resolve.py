@@ -33,6 +33,7 @@ from hydralight.config.plan import (
     TaskPlan,
 )
 from hydralight.config.schema import LR_SCALING, PLANNED, PRECISIONS, STRATEGIES, set_by_plan
+from hydralight.config.trust import check_trusted, configured_targets
 from hydralight.errors import UserError
 from hydralight.rundir.launch import external_launcher
 from hydralight.rundir.layout import RunDir
@@ -503,6 +504,8 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
             "pass a run dir (outputs/<date>/<time>), or use resume=auto / resume=never"
         )
     saved = upgraded(yaml.safe_load(earlier.config.read_text()) or {})
+    # Its config is data: the classes it names are built only when this command's configs name them too.
+    check_trusted(saved, configured_targets(config), f"resume={earlier.path} (its config.yaml)")
     now, then = OmegaConf.create(config), OmegaConf.create(saved)
     differ = []
     for item in job.overrides:

@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from hydralight.config.binding import accepted_arguments
 from hydralight.config.legacy import upgraded
 from hydralight.config.plan import ModelPlan, RunPlan
 from hydralight.config.resolve import CLASSIFIER
+from hydralight.config.trust import check_trusted, configured_targets
 from hydralight.errors import UserError
 from hydralight.resume.state import RECORD, ResumeState, plain_hparams, plain_value
 from hydralight.rundir.layout import RunDir
@@ -243,6 +244,7 @@ class Resume:
                 f"checkpoint's weights: init_from={path})"
             )
         model = model_of(contents, self.plan.model)
+        check_built_from(contents, model, configured_targets(self.plan.config), f"ckpt_path={path}")
         # How it runs is this run's choice: a compiled run's checkpoint tests uncompiled unless asked otherwise.
         runs = {k: now[k] for k in HOW_IT_RUNS if k in now and k in model.spec}
         model = dataclasses.replace(model, spec={**model.spec, **runs})
@@ -277,6 +279,13 @@ def model_of(contents: dict[str, Any], fallback: ModelPlan) -> ModelPlan:
     )
 
 
+def check_built_from(contents: dict[str, Any], model: ModelPlan, trusted: set[str], source: str) -> None:
+    """Refuse, before any import, a checkpoint whose module would be built with a target the user's configs do
+    not name: its module and network, the values it was trained with, the data sizes its constructor gets."""
+    sizes = record_of(contents).get("sizes")
+    check_trusted({"model": model.spec, "optim": model.offered, "sizes": sizes}, trusted, source)
+
+
 def rebuild(contents: dict[str, Any], model: ModelPlan, sizes: dict[str, Any], label: str) -> pl.LightningModule:
     """The module of `model` for the data sizes it was trained on, with the checkpoint's weights."""
     from hydralight.training.invariance import make_invariant
@@ -297,12 +306,14 @@ def load_weights(module: pl.LightningModule, contents: dict[str, Any], label: st
         raise UserError(f"{label}: its weights do not fit this model ({first[0][:200]})") from None
 
 
-def load_module(path: str | Path) -> pl.LightningModule:
+def load_module(path: str | Path, trusted: Iterable[str] = ()) -> pl.LightningModule:
     """The module a checkpoint of this project holds, with its weights, outside a run (read without running
-    pickled code): `load_module("outputs/.../checkpoints/last.ckpt")`."""
+    pickled code): `load_module("outputs/.../checkpoints/last.ckpt")`. The classes it names are built only when
+    the project's configs, `./conf` or `trusted` (e.g. `["my_project.tasks.Regressor"]`) name them."""
     contents = read_checkpoint(path)
     then = record_of(contents)
     if not then.get("model") and then["module"] is None:
         raise UserError(f"{path} does not say which module it holds; build the module yourself and load its state_dict")
-    fallback = ModelPlan(spec={}, offered={})
-    return rebuild(contents, model_of(contents, fallback), dict(then.get("sizes") or {}), f"checkpoint={path}")
+    model = model_of(contents, ModelPlan(spec={}, offered={}))
+    check_built_from(contents, model, configured_targets() | set(trusted), f"checkpoint={path}")
+    return rebuild(contents, model, dict(then.get("sizes") or {}), f"checkpoint={path}")
