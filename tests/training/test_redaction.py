@@ -1,6 +1,7 @@
 """Secrets (environment and command-line values) kept out of every file a run writes, wandb's included."""
 
 import pytest
+from conftest import TINY, run_cli
 from test_loggers import SECRET, wandb_run
 
 pytestmark = pytest.mark.slow
@@ -28,3 +29,47 @@ def test_secrets_given_on_the_command_line_stay_out_of_every_file(tiny_data, tmp
     # wandb records the command line itself (its run metadata): it saw the redacted one.
     (run_file,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
     assert b"api_token=<redacted>" in run_file.read_bytes()
+
+
+# Secrets of each kind: an override named *_KEY, one nested under another key, a sweep over secret values, and
+# an environment variable the config reads.
+COMMAND_LINE_SECRET = "s3cr3t-value-123"
+NESTED_SECRET = "hf-nested-token-777"
+SWEPT_SECRETS = ("swept-first-4411", "swept-second-5522")
+ENV_SECRET = "env-service-token-909"
+SECRET_ARGS = [
+    f"+my_api_key={COMMAND_LINE_SECRET}",
+    f"+creds.HF_TOKEN={NESTED_SECRET}",
+    "+extra.service=${oc.env:MY_SERVICE_TOKEN}",
+]
+STEPS = [*TINY, "trainer.max_steps=2", "logger=csv"]
+
+
+def files_holding_secrets(folder, secrets):
+    """Every file under `folder`, read as bytes (checkpoints and databases included), that holds a secret."""
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    assert files
+    return sorted(str(p) for p in files if any(s.encode() in p.read_bytes() for s in secrets))
+
+
+def test_a_sweep_writes_no_secret_into_any_file(tiny_data, tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", *STEPS, *SECRET_ARGS, f"+db.password={','.join(SWEPT_SECRETS)}", f"hydra.sweep.dir={sweep}"]
+    result = run_cli(args, sweep, tiny_data, MY_SERVICE_TOKEN=ENV_SECRET)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    assert (sweep / "0" / "csv" / "metrics.csv").is_file() and list(sweep.glob("*/train.log"))
+    secrets = [COMMAND_LINE_SECRET, NESTED_SECRET, ENV_SECRET, *SWEPT_SECRETS]
+    assert files_holding_secrets(sweep, secrets) == []
+    # The records still say which keys were given, and each job's own swept value is gone too.
+    assert "my_api_key=<redacted>" in (sweep / "multirun.yaml").read_text()
+    assert "password: <redacted>" in (sweep / "1" / "config.yaml").read_text()
+
+
+def test_a_single_run_writes_no_secret_into_any_file(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    result = run_cli([*STEPS, *SECRET_ARGS], run, tiny_data, MY_SERVICE_TOKEN=ENV_SECRET)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (run / "results.json").is_file() and (run / "train.log").is_file()
+    assert files_holding_secrets(run, [COMMAND_LINE_SECRET, NESTED_SECRET, ENV_SECRET]) == []
+    assert "HF_TOKEN=<redacted>" in (run / ".hydra" / "overrides.yaml").read_text()

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hydralight.errors import UserError, exit_on_user_error
 from hydralight.rundir.outcome import record_submitted
 from hydralight.rundir.record import discard_unused_run_dir
+from hydralight.rundir.redaction import redact, redact_sweep_record
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,8 @@ class PlannedLauncherMixin:
         # Every job is sized (or refused) before the sweep dir exists.
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        # Hydra wrote the sweep's record with the command line as given; the jobs must not find secrets in it.
+        redact_sweep_record(sweep_dir)
         if dry_run:
             writer = script_writer(folder, self._EXECUTOR, max_num_timeout)
             return self._write_scripts(writer, base, groups, sweep_dir, initial_job_idx)
@@ -193,11 +196,22 @@ class PlannedLauncherMixin:
                 log.error(
                     f"#{initial_job_idx + i}: {self._EXECUTOR} job {job.job_id} ended {job.state}: {reason[:300]}"
                 )
+            finally:
+                self._forget_pickles(job)
         return results
 
     @staticmethod
+    def _forget_pickles(job: Any) -> None:
+        """An ended job's pickled input and result hold its config and command line as given, secrets included;
+        no one reads them again (its logs beside them stay)."""
+        for path in job.paths.folder.glob(f"{job.job_id}_*.pkl"):
+            path.unlink(missing_ok=True)
+
+    @staticmethod
     def _record_jobs(sweep_dir: Path, arguments: list, jobs: list) -> None:
-        submitted = {idx: (overrides, job.job_id) for (overrides, _, idx, *_), job in zip(arguments, jobs, strict=True)}
+        submitted = {
+            idx: (redact(overrides), job.job_id) for (overrides, _, idx, *_), job in zip(arguments, jobs, strict=True)
+        }
         record_submitted(sweep_dir, submitted)
 
     def _check_no_resource_overrides(self, params: dict[str, Any], planned: dict[str, Any]) -> None:

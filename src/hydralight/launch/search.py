@@ -35,6 +35,7 @@ from hydralight.errors import UserError, exit_on_user_error, require
 from hydralight.rundir.layout import SweepDir
 from hydralight.rundir.outcome import read_job
 from hydralight.rundir.record import discard_unused_run_dir, read_json
+from hydralight.rundir.redaction import redact, redact_sweep_record
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class OptunaSearch(Sweeper):
         with RunDirLock(self.sweep_dir):
             study = self._study()
             OmegaConf.save(self.config, self.sweep_dir / "multirun.yaml")
+            redact_sweep_record(self.sweep_dir)  # the command line as given: secrets out
             return self._search(study)
 
     def _search(self, study: Any) -> list[Any]:
@@ -223,7 +225,7 @@ class OptunaSearch(Sweeper):
                     trial.set_user_attr("reason", reason)
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     continue
-                trial.set_user_attr("overrides", overrides)
+                trial.set_user_attr("overrides", redact(overrides))  # the study's storage is a file too
                 trial.set_user_attr("job", str(next_job + len(batch)))
                 batch.append(trial)
             if not batch:
@@ -258,14 +260,14 @@ class OptunaSearch(Sweeper):
         metric = str(self.config.objective.metric)
         if not study.trials:
             study.set_user_attr("metric", metric)
-            study.set_user_attr("fixed", self.fixed)
+            study.set_user_attr("fixed", redact(self.fixed))
         again = "set hydra.sweeper.study_name (or another hydra.sweep.dir) to start another study"
         if study.direction.name.lower() != direction or study.user_attrs.get("metric", metric) != metric:
             raise UserError(
                 f"the study {self.study_name} was made to {study.direction.name.lower()} "
                 f"{study.user_attrs.get('metric')}, not to {direction} {metric}; {again}"
             )
-        if sorted(study.user_attrs.get("fixed", self.fixed)) != sorted(self.fixed):
+        if sorted(study.user_attrs.get("fixed", redact(self.fixed))) != sorted(redact(self.fixed)):
             was = " ".join(study.user_attrs["fixed"]) or "(none)"
             raise UserError(
                 f"the study {self.study_name} ran its trials with {was}, not {' '.join(self.fixed)}; {again}"
@@ -332,7 +334,8 @@ class OptunaSearch(Sweeper):
         returns = []
         # A launcher numbers the jobs of one call consecutively; reruns keep their own numbers.
         for first, group in self._consecutive(jobs, batch) if rerun else [(next_job, batch)]:
-            overrides = [t.user_attrs.get("overrides") or self._overrides(t.params) for t in group]
+            # What a trial ran is its params and the fixed overrides (the storage has no secret's value).
+            overrides = [self._overrides(t.params) for t in group]
             for trial, job_overrides in zip(group, overrides, strict=True):
                 log.info(f"trial {trial.number} (job {trial.user_attrs['job']}): {' '.join(job_overrides)}")
             returns += list(self.launcher.launch(overrides, initial_job_idx=first))
@@ -488,9 +491,9 @@ class OptunaSearch(Sweeper):
             "trials": trials,
             "best": best,
         }
-        self.files.search.write_text(json.dumps(summary, indent=2) + "\n")
+        self.files.search.write_text(json.dumps(redact(summary), indent=2) + "\n")
         if best is not None:
             job = self.files.job(best["job"])
             test = (read_json(job.results) or {}).get("test") or {}
             best_file = {**objective, **best, "job_dir": str(job.path), "test": test}
-            self.files.best.write_text(yaml.safe_dump(best_file, sort_keys=False))
+            self.files.best.write_text(yaml.safe_dump(redact(best_file), sort_keys=False))

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from hydralight.rundir.layout import RECORD_ONLY, RunDir
-from hydralight.rundir.redaction import redact, redact_files
+from hydralight.rundir.redaction import redact, redact_hydra_records
 
 PACKAGES = ("torch", "torchvision", "pytorch-lightning", "torchmetrics", "hydra-core", "omegaconf", "wandb", "submitit")
 
@@ -46,7 +46,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 def save_config(run_dir: RunDir, config: Mapping[str, Any], plan: Mapping[str, Any]) -> None:
     """Write the resolved config (what `resume=RUN_DIR` continues) and the run plan (what extra ranks run)."""
     run_dir.path.mkdir(parents=True, exist_ok=True)
-    redact_files(run_dir.path / ".hydra")
+    redact_hydra_records(run_dir.path)
     run_dir.config.write_text(yaml.safe_dump(redact(dict(config)), sort_keys=False))
     run_dir.plan.write_text(yaml.safe_dump(redact(dict(plan)), sort_keys=False))
 
@@ -110,12 +110,14 @@ def record_failure(run_dir: RunDir, reason: str, overrides: list[str] | None = N
         data.update(status="failed", error=reason, finished_at=now())
     run_dir.path.mkdir(parents=True, exist_ok=True)
     write_json(run_dir.manifest, data)
+    redact_hydra_records(run_dir.path)  # a job refused before it saved its config
 
 
 def discard_unused_run_dir(path: Path) -> bool:
     """Remove a run dir that holds only its start-up record (a refused or plan-only run); keep anything else."""
     if not path.is_dir():
         return False
+    redact_hydra_records(path)  # a plan-only job of a sweep: the sweep's record stays
     entries = list(path.iterdir())
     if any(e.name not in RECORD_ONLY and e.suffix != ".log" for e in entries):
         return False

@@ -1,17 +1,19 @@
-"""Secrets kept out of every file a run writes: environment values, command-line values, config values."""
+"""Secrets kept out of every file a run or a sweep writes: environment values, command-line values, config values."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 # Environment variables whose values never reach a file this project writes.
 SECRET_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
 REDACTED = "<redacted>"
+# Hydra's record of a sweep, in the sweep dir: the sweep's config and its command line.
+SWEEP_RECORD = "multirun.yaml"
 
 
 def _is_secret_name(name: str) -> bool:
@@ -19,15 +21,43 @@ def _is_secret_name(name: str) -> bool:
     return name.endswith(SECRET_SUFFIXES) or name in {s.lstrip("_") for s in SECRET_SUFFIXES}
 
 
+def _override_secrets(overrides: Iterable[str]) -> Iterator[str]:
+    """The values that overrides with a secret's name set: as written, unquoted, and each value of a sweep
+    (`+api_key=a,b` gives its jobs `a` and `b`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = None
+    for arg in overrides:
+        key, sep, value = arg.partition("=")
+        if not sep or arg.startswith("-") or not _is_secret_name(key.rsplit(".", 1)[-1].lstrip("+~")):
+            continue
+        yield value
+        yield value.strip("'\"")
+        parser = parser or OverridesParser.create()
+        with contextlib.suppress(Exception):  # a value Hydra cannot read: Hydra refuses the run itself
+            (override,) = parser.parse_overrides([arg])
+            if override.is_sweep_override():
+                yield from override.sweep_string_iterator()
+
+
+def _job_overrides() -> list[str]:
+    """The overrides of the Hydra job running in this process (a launcher's job process has its own
+    command line, not the user's)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    overrides = HydraConfig.get().overrides
+    return [*overrides.task, *overrides.hydra]
+
+
 def secret_values() -> list[str]:
     """Values of the secrets this process knows: environment variables and command-line overrides whose
-    names end in _KEY, _TOKEN, _SECRET or _PASSWORD (or are KEY, TOKEN, SECRET, PASSWORD)."""
-    values = [v for k, v in os.environ.items() if _is_secret_name(k)]
-    for arg in sys.argv[1:]:
-        key, sep, value = arg.partition("=")
-        if sep and _is_secret_name(key.rsplit(".", 1)[-1].lstrip("+~")):
-            values.append(value.strip("'\""))
-    return [v for v in values if len(v) >= 4]
+    names end in _KEY, _TOKEN, _SECRET or _PASSWORD (or are KEY, TOKEN, SECRET, PASSWORD), longest first
+    (so that one containing another is replaced whole)."""
+    values = {v for k, v in os.environ.items() if _is_secret_name(k)}
+    values.update(_override_secrets([*sys.argv[1:], *_job_overrides()]))
+    return sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
 
 
 @contextlib.contextmanager
@@ -55,10 +85,43 @@ def redact(value: Any, secrets: list[str] | None = None) -> Any:
     return value
 
 
+def redact_file(path: Path, secrets: list[str] | None = None) -> None:
+    """Scrub secrets from a text file already written by someone else (Hydra's records, a log)."""
+    secrets = secret_values() if secrets is None else secrets
+    if not secrets or not path.is_file():
+        return
+    text = path.read_text(errors="surrogateescape")
+    if any(s in text for s in secrets):
+        # Written beside it and moved over it: a reader never sees half a file.
+        temporary = path.with_name(f".{path.name}.redacted")
+        temporary.write_text(redact(text, secrets), errors="surrogateescape")
+        os.replace(temporary, path)
+
+
 def redact_files(folder: Path) -> None:
     """Scrub secrets from text files already written (Hydra's record of the command line)."""
     secrets = secret_values()
     for path in folder.glob("*.yaml") if secrets and folder.is_dir() else ():
-        text = path.read_text()
-        if any(s in text for s in secrets):
-            path.write_text(redact(text, secrets))
+        redact_file(path, secrets)
+
+
+def redact_sweep_record(sweep_dir: Path | str | None) -> None:
+    """Scrub the sweep's `multirun.yaml`, which Hydra (or the search) writes with the command line as given."""
+    if sweep_dir is not None:
+        redact_file(Path(sweep_dir) / SWEEP_RECORD)
+
+
+def redact_hydra_records(run_dir: Path) -> None:
+    """Scrub what Hydra wrote for the job running in this process: its record in the run dir and, for a job of
+    a sweep, the sweep's record (Hydra's basic launcher runs the jobs in the process that wrote it)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    redact_files(run_dir / ".hydra")
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    if hc.output_subdir:
+        redact_files(Path(str(hc.runtime.output_dir)) / str(hc.output_subdir))
+    if hc.mode == RunMode.MULTIRUN:
+        redact_sweep_record(str(hc.sweep.dir))
