@@ -81,6 +81,44 @@ def test_missing_data_without_download_says_where_and_how(tmp_path):
     assert "DATA_DIR" in message and "internet" in message
 
 
+def test_missing_data_without_download_writes_nothing(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for data_dir in (tmp_path / "missing" / "deeper", tmp_path / "empty"):
+        with pytest.raises(UserError, match="data.download=false"):
+            module(data_dir).prepare_data()
+    assert [p.name for p in tmp_path.rglob("*")] == ["empty"]  # no folder, no MNIST/raw, no lock
+
+
+def test_a_failed_download_takes_away_what_it_made(tmp_path, monkeypatch):
+    def fail_midway(cls, data_dir, train, **kwargs):  # as torchvision does: its folder first, then the mirrors
+        raw = cls.raw_dir(data_dir)
+        raw.mkdir(parents=True, exist_ok=True)
+        (raw / "train-images-idx3-ubyte.gz").write_bytes(b"part")
+        raise RuntimeError("Error downloading train-images-idx3-ubyte.gz:\nTried every mirror")
+
+    monkeypatch.setattr(MNISTDataModule, "_torchvision", classmethod(fail_midway))
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    for data_dir in (tmp_path / "new" / "data", tmp_path / "kept"):
+        with pytest.raises(UserError, match=r"the download failed \(Error downloading train-images-idx3-ubyte.gz:\);"):
+            module(data_dir, download=True).prepare_data()
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["kept", "kept/notes.txt"]
+
+
+@pytest.mark.slow
+def test_a_run_refused_for_missing_data_leaves_no_data_folder(tmp_path):
+    from conftest import TINY, one_line, run_cli
+
+    missing = tmp_path / "nowhere" / "mnist"
+    run = tmp_path / "run"
+    line = one_line(run_cli([*TINY, f"data.data_dir={missing}", "data.download=false"], run))
+    assert line == (
+        f"error: MNIST not found in {missing}/MNIST/raw and data.download=false; set DATA_DIR (or data.data_dir) "
+        f"to a folder holding MNIST/raw/, or connect to the internet to download into {missing}"
+    )
+    assert list(tmp_path.iterdir()) == []  # neither the data folder nor the run dir
+
+
 def test_fashion_mnist_composes_and_reads_its_own_idx_files(tmp_path):
     from conftest import make_mnist, plan_of
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -112,31 +113,36 @@ class IdxDataModule(ImageDataModule):
     def files_present(self) -> bool:
         return all((self.raw_dir(self.data_dir) / name).is_file() for name in IDX_FILES)
 
+    def _lock_path(self) -> Path:
+        return Path(self.data_dir) / f"{self.name}.lock"
+
     def _lock(self) -> Any:
         """The data folder's lock, taken by whoever checks or fetches the files.
 
         A folder whose files are complete and where no lock was ever taken is a provisioned copy
         (possibly read-only): nothing can be half-written there, and nothing is written into it.
         """
-        folder = Path(self.data_dir)
-        lock = folder / f"{self.name}.lock"
+        lock = self._lock_path()
         if not lock.exists() and self.files_present():
             return contextlib.nullcontext()
-        folder.mkdir(parents=True, exist_ok=True)
+        lock.parent.mkdir(parents=True, exist_ok=True)
         return FileLock(str(lock))
 
     def prepare_data(self) -> None:
         """Download through torchvision when files are missing (Lightning calls this on one rank per node).
 
         Several jobs of a sweep may share the folder: one downloads under the lock, the others wait
-        and then find the files complete.
+        and then find the files complete. Nothing is written before a download starts, and a download that
+        fails takes away the folders and lock it made: a refused run leaves the data folder as it was.
         """
-        with self._lock():
-            if self.files_present():
-                for name in IDX_FILES:  # headers and lengths: cheap, and a bad file is named now
-                    self.check_idx_file(self.raw_dir(self.data_dir) / name)
-                self.check_sizes(self.train_size())
-                return
+        # A lock file means a download was started there (maybe running now): wait for it, then look.
+        if self.files_present() or self._lock_path().exists():
+            with self._lock():
+                if self.files_present():
+                    for name in IDX_FILES:  # headers and lengths: cheap, and a bad file is named now
+                        self.check_idx_file(self.raw_dir(self.data_dir) / name)
+                    self.check_sizes(self.train_size())
+                    return
         where = self.raw_dir(self.data_dir)
         fix = (
             f"set DATA_DIR (or data.data_dir) to a folder holding {self.name}/raw/, "
@@ -144,19 +150,26 @@ class IdxDataModule(ImageDataModule):
         )
         if not self.download:
             raise UserError(f"{self.name} not found in {where} and data.download=false; {fix}")
+        made = self._download_would_make()
         try:
-            Path(self.data_dir).mkdir(parents=True, exist_ok=True)
             # torchvision prints each failed mirror; the one line that matters is ours below.
             with self._lock(), contextlib.redirect_stdout(io.StringIO()):
                 if not self.files_present():
                     self._torchvision(self.data_dir, True, download=True)
                     self._torchvision(self.data_dir, False, download=True)
-        except OSError as err:
-            raise UserError(f"{self.name} not found in {where} and the download failed ({err}); {fix}") from None
-        except RuntimeError as err:  # torchvision: "Error downloading ..." after every mirror failed
-            raise UserError(
-                f"{self.name} not found in {where} and the download failed ({str(err).splitlines()[0]}); {fix}"
-            ) from None
+        except (OSError, RuntimeError) as err:  # RuntimeError: torchvision's "Error downloading ..." after every mirror
+            for path in made:
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            reason = str(err).splitlines()[0] if isinstance(err, RuntimeError) else str(err)
+            raise UserError(f"{self.name} not found in {where} and the download failed ({reason}); {fix}") from None
+
+    def _download_would_make(self) -> list[Path]:
+        """What a download creates that is not there yet: the outermost missing folder of the data folder,
+        the data set's own folder, and the lock."""
+        folder = Path(self.data_dir).absolute()
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
+        candidates = [missing[-1]] if missing else [folder / self.name, self._lock_path().absolute()]
+        return [p for p in candidates if not p.exists()]
 
     def train_size(self) -> int:
         return self.check_idx_file(self.raw_dir(self.data_dir) / "train-labels-idx1-ubyte")[0]
