@@ -1,10 +1,11 @@
-"""One live process per run dir: a second run started on a dir in use is refused, a dead holder is detected.
+"""One live process per run dir: a second run started on a dir in use is refused, a dead holder is taken over.
 
-The lock is a small file (`<run dir>/.lock`: host, pid, start time) created exclusively, whose
-modification time a background thread refreshes every few seconds. A holder is dead when its pid is
-gone on this host, or when its heartbeat is older than `STALE_AFTER_S` (another host, or a pid reused).
-Written by hand because file locks (flock) are not reliable across the network filesystems that
-clusters share run dirs on, and say nothing about who holds them.
+The lock is filelock's `SoftFileLease` on `<run dir>/.lock`: a marker file naming the holder (host, pid and
+the process's start time, so that a pid given to another process is not taken for the holder), renewed by a
+heartbeat thread. A marker lease rather than flock, because flock is not reliable across the network
+filesystems that clusters share run dirs on, and says nothing about who holds it. A holder on this host is
+taken over as soon as its process is gone; one on another host once its lease has gone unrenewed for
+`STALE_AFTER_S`, watched on this host's clock. A live holder is never waited for: the run is refused at once.
 
 It runs before Hydra composes anything: no torch imports.
 """
@@ -12,33 +13,37 @@ It runs before Hydra composes anything: no torch imports.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import socket
-import threading
+import stat
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 
+from filelock import LeaseCompromise, LeaseSettingsMismatch, OwnerRecord, SoftFileLease, Timeout
+
 from hydralight.errors import UserError
-from hydralight.rundir.layout import LOCK, RunDir
+from hydralight.rundir.layout import RunDir
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 5.0
+# Every process that locks run dirs must use the same value: filelock refuses a lease of another duration.
 STALE_AFTER_S = 60.0
+# The marker line that says when the holder took the dir (filelock's record keeps no wall-clock time).
+STARTED = "started"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
+class _Lease(SoftFileLease):
+    """A `SoftFileLease` whose marker also says when its holder took it, for the refusal to name."""
+
+    # filelock writes its record through this method, both when it creates the marker and when it takes one
+    # over; tests/rundir/test_run_lock.py fails if the line stops reaching the marker.
+    def _write_lock_info(self, fd: int) -> None:
+        super()._write_lock_info(fd)
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        os.write(fd, f"{STARTED}={started}\n".encode())
 
 
 class RunDirLock:
@@ -47,9 +52,13 @@ class RunDirLock:
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.path = RunDir(self.run_dir).lock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._owner = False
+        self._lease = _Lease(
+            self.path,
+            lease_duration=STALE_AFTER_S,
+            heartbeat_interval=HEARTBEAT_S,
+            on_compromise=self._lost,
+            thread_local=False,  # taken and given back by whichever thread runs the entrypoint
+        )
 
     def __enter__(self) -> RunDirLock:
         self.acquire()
@@ -59,68 +68,94 @@ class RunDirLock:
         self.release()
 
     def acquire(self) -> None:
+        """Take the dir, or raise `UserError` naming the live process that holds it."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(5):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._take_over_if_stale()
-                continue
-            holder = {
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            }
-            with os.fdopen(fd, "w") as f:
-                json.dump(holder, f)
-            self._owner = True
-            self._thread = threading.Thread(target=self._beat, name="run-dir-heartbeat", daemon=True)
-            self._thread.start()
-            return
-        raise UserError(f"could not lock run dir {self.run_dir}: its lock file keeps changing; retry in a minute")
-
-    def _take_over_if_stale(self) -> None:
+        found = self._lease.owner
         try:
-            text = self.path.read_text()
-            age = time.time() - self.path.stat().st_mtime
-        except FileNotFoundError:
-            return  # released meanwhile: try again
-        try:
-            holder = json.loads(text)
-            host, pid = str(holder["host"]), int(holder["pid"])
-        except (ValueError, KeyError, TypeError):
-            if age < HEARTBEAT_S:  # being written right now
-                time.sleep(0.2)
+            if self._try(blocking=False):
+                if found is not None and self._is_this_host(found):
+                    self._taking_over(f"the process that took it, pid {found.pid} on this host, has ended")
                 return
-            holder, host, pid = {}, "?", -1
-        if host == socket.gethostname() and pid > 0 and not _pid_alive(pid):
-            dead = f"pid {pid} on this host is gone"
-        else:
-            # A live pid without a heartbeat is another process that was given the holder's pid after it died.
-            dead = None if age < STALE_AFTER_S else f"no heartbeat from {host} pid {pid} for {age:.0f}s"
-        if dead is None:
+            # Held by a live process on this host, by one on another host, or by one whose lease has lapsed:
+            # only the last is worth watching, and only for as long as the lease would need to lapse.
+            with contextlib.suppress(FileNotFoundError):
+                if abs(time.time() - self.path.stat().st_mtime) < STALE_AFTER_S:
+                    raise self._in_use()
+            silent, existed = self._lease.owner, self.path.exists()
+            if existed:
+                log.warning(
+                    f"run dir {self.run_dir}: {self._holder(silent)} has not renewed its lock for a while; "
+                    f"watching it for {STALE_AFTER_S:.0f}s before taking it over"
+                )
+            if not self._try(timeout=STALE_AFTER_S + 2 * HEARTBEAT_S, poll_interval=HEARTBEAT_S / 5):
+                raise self._in_use()
+            if existed:
+                self._taking_over(
+                    "a lock file naming no holder, left untouched"
+                    if silent is None
+                    else f"no lease renewal from pid {silent.pid} on {silent.hostname} for {STALE_AFTER_S:.0f}s"
+                )
+        except LeaseSettingsMismatch:
+            owner = self._lease.owner
             raise UserError(
-                f"run dir {self.run_dir} is in use by pid {pid} on {host} (since {holder.get('started_at', '?')}); "
+                f"run dir {self.run_dir} is locked by {self._holder(owner)} with a lease of "
+                f"{getattr(owner, 'lease_duration', '?')}s where this version uses {STALE_AFTER_S:.0f}s "
+                f"(another hydralight version); wait for that run to end, or if no run uses the dir, "
+                f"delete {self.path}"
+            ) from None
+
+    def _try(self, **wait: float | bool) -> bool:
+        try:
+            self._lease.acquire(**wait)
+        except Timeout:
+            return False
+        return True
+
+    def _is_this_host(self, other: OwnerRecord) -> bool:
+        # filelock spells host names its own way (containers apart): compare with the record it wrote for us.
+        mine = self._lease.owner
+        return mine is not None and mine.pid == os.getpid() and other.hostname == mine.hostname
+
+    def _taking_over(self, why: str) -> None:
+        log.warning(f"run dir {self.run_dir}: taking over a stale lock ({why})")
+
+    def _holder(self, owner: OwnerRecord | None) -> str:
+        return "an unreadable lock file" if owner is None else f"pid {owner.pid} on {owner.hostname}"
+
+    def _in_use(self) -> UserError:
+        owner = self._lease.owner
+        if owner is not None:
+            return UserError(
+                f"run dir {self.run_dir} is in use by pid {owner.pid} on {owner.hostname} (since {self._started()}); "
                 "wait for that run to end or stop it, or give this run another hydra.run.dir"
             )
-        log.warning(f"run dir {self.run_dir}: taking over a stale lock ({dead})")
-        stale = self.path.with_name(f"{LOCK}.stale.{os.getpid()}")
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(self.path, stale)  # atomic: of two newcomers, one wins the rename
-            stale.unlink()
+        if self.path.exists():
+            return UserError(
+                f"run dir {self.run_dir} is locked by {self.path}, which names no holder this version can read; "
+                "if no run uses the dir, delete that file"
+            )
+        return UserError(f"run dir {self.run_dir} was released while this run checked it; start this run again")
 
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            with contextlib.suppress(OSError):
-                os.utime(self.path)
+    def _started(self) -> str:
+        # Read as filelock reads markers: never through a link, never blocking on something that is no file.
+        with contextlib.suppress(OSError):
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+            try:
+                text = os.read(fd, 4096).decode(errors="replace") if stat.S_ISREG(os.fstat(fd).st_mode) else ""
+            finally:
+                os.close(fd)
+            for line in text.splitlines():
+                key, _, value = line.partition("=")
+                if key == STARTED:
+                    return value
+        return "an unknown time"
+
+    def _lost(self, compromise: LeaseCompromise) -> None:
+        # Called by the heartbeat thread: a run cannot be stopped from there, but its log says what happened.
+        log.error(
+            f"run dir {self.run_dir}: this run lost its lock ({compromise.reason}); another run may now use the dir"
+        )
 
     def release(self) -> None:
-        if not self._owner:
-            return
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=HEARTBEAT_S)
-        self._owner = False
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            if json.loads(self.path.read_text() or "{}").get("pid") == os.getpid():
-                self.path.unlink()
+        if self._lease.is_locked:
+            self._lease.release()
