@@ -82,11 +82,76 @@ def test_loader_workers_never_exceed_a_process_cores():
         (["hardware=1gpu", "precision=bf16-mixed"], T4_BOX, "Tesla T4 has no bfloat16"),
         (["hardware=cpu", "precision=16-mixed"], CPU_BOX, "precision=16-mixed needs a CUDA GPU"),
         (["hardware=2x8gpu"], H100_BOX, "num_nodes=2 needs a launcher"),
+        (
+            ["hardware=cpu", "hardware.devices=64"],
+            CPU_BOX,
+            r"^hardware.devices=64 starts 64 processes on a machine with 2 CPU core\(s\); use hardware.devices=2 or "
+            r"fewer, or hardware.oversubscribe=true",
+        ),
+        (
+            ["hardware=cpu", "hardware.devices=64", "hardware.oversubscribe=true"],
+            CPU_BOX,
+            r"^hardware.devices=64 needs at least 28.8 GB of memory \(0.45 GB per process\) but this machine has "
+            r"24 GB; use hardware.devices=53 or fewer$",
+        ),
+        (
+            ["hardware=cpu", "hardware.devices=2", "hardware.mem_gb=0.5"],
+            CPU_BOX,
+            r"^hardware.devices=2 needs at least 0.9 GB .* but hardware.mem_gb=0.5 gives 0.5 GB; use "
+            r"hardware.devices=1 or fewer, or raise hardware.mem_gb to 1$",
+        ),
+        (["hardware=8gpu"], Machine(gpus=8, bf16=True, tf32=True, cpu_cores=16, memory_gb=3), "needs at least 3.6 GB"),
     ],
 )
 def test_machine_checks(overrides, machine, message):
     with pytest.raises(UserError, match=message):
         check_plan(plan_of(*overrides, machine=machine), machine)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["hardware=cpu", "hardware.devices=2", "strategy=ddp"],  # as many processes as cores
+        ["hardware=cpu", "hardware.devices=8", "hardware.oversubscribe=true"],  # more, knowingly
+        ["hardware=cpu", "hardware.devices=2", "hardware.mem_gb=1"],
+    ],
+)
+def test_what_the_machine_holds_is_accepted(overrides):
+    check_plan(plan_of(*overrides, machine=CPU_BOX), CPU_BOX)
+
+
+def test_cores_are_counted_per_cpu_process_only():
+    box = Machine(gpus=4, bf16=True, tf32=True, cpu_cores=2, memory_gb=64)  # GPU ranks mostly wait on their GPU
+    check_plan(plan_of("hardware=4gpu", machine=box), box)
+
+
+def test_a_slurm_task_is_checked_against_its_request(monkeypatch):
+    """A SLURM task sees only the cores it was given and the whole node's memory: its request (8 tasks, 1 core
+    each, hardware.mem_gb) is what counts, not what the task sees."""
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8")
+    task_sees = Machine(cpu_cores=1, memory_gb=512)
+    request = ("hardware=cpu", "hardware.devices=8", "hardware.cpus_per_task=1")
+    check_plan(plan_of(*request, "hardware.mem_gb=8", machine=task_sees), task_sees)
+    with pytest.raises(UserError, match=r"needs at least 3.6 GB .* hardware.mem_gb=2 gives 2 GB; use hardware.dev"):
+        check_plan(plan_of(*request, "hardware.mem_gb=2", machine=task_sees), task_sees)
+
+
+@pytest.mark.slow
+def test_a_run_the_machine_cannot_hold_is_one_line_and_plan_true_still_prints(tiny_data, tmp_path):
+    """4096 CPU processes: more than any machine's cores, and 1843 GB at the floor per process. `plan=true` plans
+    without the machine, so it prints the plan."""
+    from conftest import TINY, one_line, run_cli
+
+    many = [*TINY, "hardware.devices=4096", "batch.global_size=4096"]
+    line = one_line(run_cli(many, tmp_path / "run", tiny_data))
+    assert re.match(r"error: hardware.devices=4096 starts 4096 processes on a machine with \d+ CPU core", line), line
+    assert "hardware.oversubscribe=true" in line and not (tmp_path / "run").exists()
+    line = one_line(run_cli([*many, "hardware.oversubscribe=true"], tmp_path / "run", tiny_data))
+    assert "hardware.devices=4096 needs at least 1843.2 GB of memory (0.45 GB per process)" in line, line
+    assert not (tmp_path / "run").exists()
+    printed = run_cli([*many, "plan=true"], tmp_path / "run", tiny_data)
+    assert printed.returncode == 0 and "Run plan" in printed.stdout, printed.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
@@ -249,3 +314,17 @@ def test_a_job_elsewhere_is_sized_by_its_profile_alone(profile, request_):
 def test_a_job_elsewhere_refuses_auto_naming_the_field(overrides, named):
     with pytest.raises(UserError, match=named):
         resources_elsewhere(compose_config(*overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides,epochs",
+    [
+        ((), 2),  # no budget given: the project's default length
+        (("trainer.max_steps=20",), -1),  # a step budget alone is the budget, as in plain Lightning
+        (("trainer.max_time=00:00:01:00",), -1),
+        (("trainer.max_steps=20", "trainer.max_epochs=1"), 1),  # both given: whichever comes first
+        (("experiment=fast", "trainer.max_steps=20"), 1),  # a preset's epochs are a budget given too
+    ],
+)
+def test_the_epoch_default_never_binds_a_step_budget_given_alone(overrides, epochs):
+    assert plan_of(*overrides).trainer["max_epochs"] == epochs

@@ -79,6 +79,8 @@ class HardwareConf:
     num_nodes: int = 1
     cpus_per_task: Any = "auto"  # an integer or auto
     mem_gb: Any = "auto"  # a number or auto
+    # More CPU processes than this machine has cores, knowingly (the plan refuses them otherwise).
+    oversubscribe: bool = False
 
 
 @dataclass
