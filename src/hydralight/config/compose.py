@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -46,15 +47,57 @@ class Invocation:
         return any(arg.split("=", 1)[0] in _OTHER_CONFIG + _HYDRA_ONLY for arg in self.argv)
 
     @property
-    def overrides(self) -> list[str]:
-        """The config overrides, without Hydra's flags and Hydra's own keys."""
+    def override_args(self) -> list[str]:
+        """Every override of the command line, Hydra's own keys included (what Hydra's override parser reads)."""
         found, skip = [], False
         for arg in self.argv:
             if skip or arg in _FLAGS_WITH_VALUE:
                 skip = not skip
-            elif not arg.startswith("-") and not arg.lstrip("+~").startswith("hydra"):
+            elif not arg.startswith("-"):
                 found.append(arg)
         return found
+
+    @property
+    def overrides(self) -> list[str]:
+        """The config overrides, without Hydra's flags and Hydra's own keys."""
+        return [arg for arg in self.override_args if not arg.lstrip("+~").startswith("hydra")]
+
+    def check_readable(self) -> None:
+        """Refuse, in one line, an override Hydra's parser cannot read; the commonest is a value with a space
+        (a path): unquoted in the shell it arrives split into words, and Hydra needs quotes inside the value."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parser = OverridesParser.create()
+        args = self.override_args
+        for i, arg in enumerate(args):
+            try:
+                parser.parse_overrides([arg])
+                continue
+            except Exception as err:  # Hydra's OverrideParseException, whatever its message says
+                reason = _parse_reason(err, arg)
+            key, sep, value = arg.partition("=")
+            if not sep and i > 0 and "=" in args[i - 1]:  # `key=my runs/a`: the shell split the value at its space
+                words = [args[i - 1]]
+                for word in args[i:]:
+                    if "=" in word:
+                        break
+                    words.append(word)
+                key, _, first = words[0].partition("=")
+                value = " ".join([first, *words[1:]])
+                raise UserError(
+                    f"{key}={value} reached Hydra as {len(words)} words; a value with spaces needs quotes, "
+                    f"in the value and around the override: {_quoted(key, value)}"
+                )
+            if sep and any(c.isspace() for c in value):
+                raise UserError(
+                    f"{arg} cannot be read ({reason}); a value with spaces needs quotes inside the override: "
+                    f"{_quoted(key, value)}"
+                )
+            if not sep:
+                raise UserError(f"{arg} is not an override ({reason}); write key=value")
+            raise UserError(
+                f"{arg} cannot be read ({reason}); to pass the value as written, quote it: {_quoted(key, value)}"
+            )
 
     def value(self, key: str) -> str | None:
         """The value the command line gives `key` (the last one wins), without Hydra's quotes."""
@@ -109,6 +152,28 @@ class Invocation:
         check_writable(Invocation(tuple(self.hydra_argv())).value(key) or default)
 
 
+def _parse_reason(err: BaseException, arg: str) -> str:
+    """The line of a Hydra override parse error that says what is wrong (its others name the grammar's docs)."""
+    lines = [
+        line for line in str(err).splitlines() if line.strip() and not line.startswith(("See https", "Error parsing"))
+    ]
+    lexer = "LexerNoViableAltException: "
+    if len(lines) == 2 and lines[0].startswith(lexer) and lines[1].strip() == "^":  # a caret under the character
+        at = len(lines[1]) - 1 - len(lexer)
+        if 0 <= at < len(arg):
+            return f"unexpected {arg[at]!r} at character {at + 1}"
+    return lines[0] if lines else type(err).__name__
+
+
+def _quoted(key: str, value: str) -> str:
+    """`key='value'` as Hydra reads it back (`key="value"` when the value holds a '), written for the shell."""
+    quote = '"' if "'" in value and '"' not in value else "'"
+    override = f"{key}={quote}{value.replace(chr(92), chr(92) * 2).replace(quote, chr(92) + quote)}{quote}"
+    if any(c in override for c in "$`!\\"):
+        return shlex.quote(override)
+    return '"' + override.replace('"', '\\"') + '"'
+
+
 def compose_jobs(
     config_dir: str, config_name: str, invocation: Invocation, hydra_modes: set | None = None
 ) -> list[DictConfig]:
@@ -123,6 +188,7 @@ def compose_jobs(
 
     if invocation.other_config:
         return []
+    invocation.check_readable()
     overrides = invocation.overrides
     jobs = [overrides]
     searched = [a for a in overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]

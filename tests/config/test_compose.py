@@ -1,0 +1,63 @@
+"""The command line read before Hydra: an override Hydra cannot parse is one line that says how to write it."""
+
+import shlex
+
+import pytest
+from conftest import one_line, run_cli
+
+from hydralight.config.compose import Invocation
+from hydralight.errors import UserError
+
+SPLIT = "error: hydra.run.dir=my runs/a reached Hydra as 2 words; a value with spaces needs quotes, in the value and "
+SPACED = "a value with spaces needs quotes inside the override: "
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["seed=1", "hydra.run.dir=my", "runs/a"], "hydra.run.dir=my runs/a reached Hydra as 2 words"),
+        (["hydra.run.dir=a", "b", "c", "seed=1"], "hydra.run.dir=a b c reached Hydra as 3 words"),
+        (["x=it's a (b)"], """(unexpected "'" at character 5); """ + SPACED + '''"x=\\"it's a (b)\\""'''),
+        (["optim.lr=1e-3)"], "(extraneous input ')' expecting <EOF>); to pass the value as written, quote it"),
+        (["runs/a"], "runs/a is not an override (missing EQUAL at '<EOF>'); write key=value"),
+    ],
+)
+def test_an_override_hydra_cannot_parse_is_one_line(argv, said):
+    with pytest.raises(UserError) as err:
+        Invocation(tuple(argv)).check_readable()
+    assert said in str(err.value) and "\n" not in str(err.value)
+
+
+def test_flags_and_their_values_are_no_overrides():
+    Invocation(("--cfg", "job", "-p", "trainer", "hydra.run.dir=my runs", "~seed", "-m", "a=1,2")).check_readable()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["hydra.run.dir=my", "runs/a"], SPLIT + """around the override: "hydra.run.dir='my runs/a'\""""),
+        (
+            ["hydra.run.dir=outputs/my run (2)"],
+            "error: hydra.run.dir=outputs/my run (2) cannot be read (mismatched input ' (' expecting <EOF>); "
+            + SPACED
+            + """"hydra.run.dir='outputs/my run (2)'\"""",
+        ),
+        (
+            ["-m", "seed=1,2", "hydra.sweep.dir=my", "sweeps"],
+            "error: hydra.sweep.dir=my sweeps reached Hydra as 2 words; a value with spaces needs quotes, in the "
+            """value and around the override: "hydra.sweep.dir='my sweeps'\"""",
+        ),
+    ],
+)
+def test_an_unquoted_dir_with_spaces_is_refused_in_one_line_before_anything_is_written(tmp_path, args, line):
+    result = run_cli(["hardware=cpu", *args], tmp_path / "unused", cwd=tmp_path)
+    assert one_line(result) == line
+    assert result.stderr.strip().splitlines() == [line]
+    assert list(tmp_path.iterdir()) == []  # no outputs/ or multirun/, no run dir
+    # The form the line gives is the one Hydra reads as meant.
+    (fixed,) = shlex.split(line.rsplit(": ", 1)[1])
+    printed = run_cli(["hardware=cpu", fixed, "--cfg", "hydra"], tmp_path / "unused", cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    assert f"  dir: {fixed.split('=', 1)[1].strip(chr(39))}\n" in printed.stdout
+    assert list(tmp_path.iterdir()) == []
