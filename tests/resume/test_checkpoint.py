@@ -192,3 +192,53 @@ def test_no_checkpoint_callbacks_means_no_checkpoint_files(tiny_data, tmp_path):
     run = tmp_path / "run"
     ok(run_cli([*TINY, "callbacks=none"], run, tiny_data))
     assert not list(run.rglob("*.ckpt"))
+
+
+@pytest.mark.slow
+def test_budgets_do_what_the_user_said(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    common = [arg for arg in BASE if not arg.startswith("trainer.max_epochs")]
+    ok(run_cli([*common, "trainer.max_steps=20"], run, tiny_data))  # 15 steps an epoch: the epoch default binds not
+    assert results(run)["global_step"] == 20 and results(run)["stopped_by"] is None
+    before = files(run)
+    # A finished run continued by its dir with nothing else said: its saved budget stands.
+    again = run_cli([f"resume={run}"], tmp_path / "elsewhere", tiny_data)
+    ok(again)
+    assert "already finished" in again.stdout and files(run).keys() == before.keys()
+    assert results(run) == json.loads(before["results.json"])
+    ok(run_cli([f"resume={run}", "trainer.max_steps=40"], tmp_path / "elsewhere", tiny_data))
+    assert results(run)["global_step"] == 40
+    # Both budgets given: the one that ends the run first is named in the result line and results.json.
+    both = tmp_path / "both"
+    done = run_cli([*common, "trainer.max_epochs=1", "trainer.max_steps=40"], both, tiny_data)
+    ok(done)
+    assert "stopped by trainer.max_epochs=1 at step 15, before trainer.max_steps=40" in done.stdout
+    assert results(both)["stopped_by"] == {"budget": "trainer.max_epochs=1", "before": ["trainer.max_steps=40"]}
+    # A longer step budget that the epochs still cut: nothing to train, and the records stay as they were.
+    before = files(both)
+    line = one_line(run_cli([*common, "trainer.max_epochs=1", "trainer.max_steps=60"], both, tiny_data))
+    assert "nothing to train" in line and "trainer.max_epochs=1" in line
+    after = files(both)
+    for name in ("results.json", "csv/metrics.csv", "manifest.json", "config.yaml"):
+        assert after[name] == before[name], name
+
+
+def test_a_checkpoint_path_that_is_no_checkpoint_file_is_one_line(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli([*BASE, "trainer.max_steps=2"], run, tiny_data))
+    (tmp_path / "garbage.ckpt").write_bytes(bytes(range(256)) * 8)
+    (tmp_path / "text.ckpt").write_text("hello")
+    cases = {
+        "/dev/null": "is not a regular file",
+        str(run): f"is a folder; pass a .ckpt file (a run dir's is {run / 'checkpoints' / 'last.ckpt'})",
+        str(tmp_path / "garbage.ckpt"): "is not a checkpoint of this project (not a file torch.save writes)",
+        str(tmp_path / "text.ckpt"): "is not a checkpoint of this project (not a file torch.save writes)",
+        str(tmp_path / "missing.ckpt"): "does not exist",
+    }
+    for i, (path, says) in enumerate(cases.items()):
+        for key in ("ckpt_path", "init_from"):
+            line = one_line(run_cli([*BASE, f"{key}={path}"], tmp_path / f"new-{i}-{key}", tiny_data))
+            assert says in line and "mmap" not in line, line
+            assert not (tmp_path / f"new-{i}-{key}").exists()
+        line = one_line(run_cli(["mode=eval", f"ckpt_path={path}", "data.val_size=100"], tmp_path / "eval", tiny_data))
+        assert says in line, line

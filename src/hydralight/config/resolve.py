@@ -36,7 +36,7 @@ from hydralight.config.schema import LR_SCALING, PLANNED, PRECISIONS, STRATEGIES
 from hydralight.config.trust import check_trusted, configured_targets
 from hydralight.errors import UserError
 from hydralight.rundir.launch import external_launcher
-from hydralight.rundir.layout import RunDir
+from hydralight.rundir.layout import RunDir, not_a_checkpoint_file
 from hydralight.rundir.record import read_json
 
 CLASSIFIER = "hydralight.tasks.classifier.Classifier"
@@ -49,6 +49,8 @@ MODEL_OWNED = {"lr": "optim.lr", "seed": "seed"}
 NULL_IS_A_SETTING = ("check_val_every_n_epoch",)
 # Settings a continued run may change: how long it trains.
 EXTENDABLE = ("trainer.max_epochs", "trainer.max_steps")
+# trainer.max_epochs=null with no step or time budget: the project's default length.
+DEFAULT_EPOCHS = 2
 
 
 @dataclass(frozen=True)
@@ -464,6 +466,10 @@ def _trainer(c: DictConfig, hw: HardwarePlan, fw: FrameworkPlan, task: TaskPlan,
     # null means "Lightning's default", except where null is a setting of its own.
     options = {k: v for k, v in given.items() if (v is not None or k in NULL_IS_A_SETTING) and k not in PLANNED}
     # Budgets count optimizer steps (global batches), whatever the accumulation: Lightning counts micro-batches.
+    if options.get("max_epochs") is None:
+        # A step or time budget given alone is the budget: an epoch default never cuts it short unseen.
+        bounded = options.get("max_steps", -1) != -1 or options.get("max_time") is not None
+        options["max_epochs"] = -1 if bounded else DEFAULT_EPOCHS
     limit = options.get("limit_train_batches")
     if isinstance(limit, int) and not isinstance(limit, bool):
         options["limit_train_batches"] = limit * task.accumulation
@@ -522,8 +528,11 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
             f"resume={earlier.path} is a different experiment: {'; '.join(differ)}; "
             "drop those overrides to continue that run, or start a new one"
         )
+    # A longer budget given on the command line extends the run; the saved one stands otherwise.
+    given = {_override_key(item) for item in job.overrides}
     for key in EXTENDABLE:
-        OmegaConf.update(then, key, OmegaConf.select(now, key), force_add=True)
+        if key in given:
+            OmegaConf.update(then, key, OmegaConf.select(now, key), force_add=True)
     # A copied or moved run dir is a run of its own: nothing it writes may land in the original.
     old = str((saved.get("paths") or {}).get("output_dir", earlier.path))
     moved = _moved(OmegaConf.to_container(then), old, str(earlier.path.resolve()))
@@ -552,9 +561,14 @@ def _resume(c: DictConfig, config: dict[str, Any], run_dir: str) -> ResumePlan:
         if not own.is_file():
             raise UserError(f"ckpt_path=last: this run dir has no {own} yet; run it once, or give a checkpoint file")
         ckpt_path = str(own)
+    uses_own = c.mode == "train" and policy != "never" and own.is_file()
+    for key, path in (("ckpt_path", None if uses_own else ckpt_path), ("init_from", c.get("init_from"))):
+        problem = not_a_checkpoint_file(path) if path else None
+        if problem is not None and Path(path).exists():  # a missing file is the machine check's (check_plan)
+            raise UserError(f"{key}={path} {problem}")
     if c.mode == "eval":
         return ResumePlan(mode="eval", policy=policy, ckpt_path=ckpt_path)
-    if policy != "never" and own.is_file():
+    if uses_own:
         continue_from, is_own = str(own), True
     else:
         continue_from, is_own = ckpt_path, False
@@ -636,6 +650,11 @@ def check_plan(plan: RunPlan, machine: Machine) -> None:
             f"hardware.num_nodes={hw.num_nodes} needs a launcher that starts every node: submit with "
             "hydra/launcher=slurm or start each node with torchrun --nnodes; or use hardware.num_nodes=1"
         )
+    from hydralight.config.capacity import check_capacity
+
+    # A SLURM task sees only its own cores and the whole node's memory: its allocation is the request.
+    oversubscribe = bool((plan.config.get("hardware") or {}).get("oversubscribe", False))
+    check_capacity(hw, None if external_launcher() == "slurm" else machine, oversubscribe)
     if hw.accelerator == "cpu" and fw.precision in ("16-mixed", "16-true"):
         raise UserError(
             f"precision={fw.precision} needs a CUDA GPU; on CPU use precision=bf16-mixed or precision=32-true"

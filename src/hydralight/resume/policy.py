@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import re
+import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from hydralight.config.resolve import CLASSIFIER
 from hydralight.config.trust import check_trusted, configured_targets
 from hydralight.errors import UserError
 from hydralight.resume.state import RECORD, ResumeState, plain_hparams, plain_value
-from hydralight.rundir.layout import RunDir
+from hydralight.rundir.layout import RunDir, not_a_checkpoint_file
+from hydralight.rundir.record import read_json
 from hydralight.training.modules import build_module, module_class
 
 log = logging.getLogger(__name__)
@@ -56,8 +58,8 @@ def describe(spec: Any) -> str:
 @contextlib.contextmanager
 def _readable(path: Path, label: str) -> Iterator[None]:
     """Turn a missing file, or any failure to load it, into one clear line naming `label`."""
-    if not path.is_file():
-        raise UserError(f"{label} does not exist; pass the .ckpt file of a run (its checkpoints/ folder)")
+    if (problem := not_a_checkpoint_file(path)) is not None:
+        raise UserError(f"{label} {problem}")
     try:
         yield
     except UserError:
@@ -71,6 +73,8 @@ def read_checkpoint(path: str | Path, label: str | None = None) -> dict[str, Any
     """A checkpoint's contents, loaded without running pickled code (tensors and plain containers only)."""
     path = Path(path)
     with _readable(path, label or str(path)):
+        if not zipfile.is_zipfile(path):  # torch.save has written zip archives since torch 1.6
+            raise ValueError("not a file torch.save writes")
         contents = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         if not isinstance(contents, dict) or "state_dict" not in contents:
             raise ValueError("no model weights in it")
@@ -99,6 +103,9 @@ class Resume:
     def __init__(self, plan: RunPlan) -> None:
         self.plan = plan
         self.decision = plan.resume
+        # Read before this attempt's record replaces the manifest: does the dir hold a finished run?
+        manifest = read_json(RunDir.at(plan.paths.run_dir).manifest) if self.decision.own else None
+        self.finished_before = (manifest or {}).get("status") == "finished"
 
     @property
     def ckpt_path(self) -> str | None:
@@ -119,7 +126,7 @@ class Resume:
         }
 
     def callback(self, sizes: dict[str, Any], into: dict[str, Any]) -> ResumeState:
-        return ResumeState(self.record(sizes), into)
+        return ResumeState(self.record(sizes), into, finished_before=self.finished_before)
 
     # -- before anything is written -------------------------------------------------------------------
 

@@ -50,13 +50,21 @@ def plain_hparams(hparams: dict[str, Any], spec: dict[str, Any]) -> dict[str, An
     return {str(k): plain_value(v, spec.get(k)) for k, v in dict(hparams).items()}
 
 
+def epochs_done(checkpoint: dict[str, Any]) -> int:
+    """The epochs a checkpoint's run has completed, as Lightning's fit loop counts them for `max_epochs`."""
+    progress = (((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress") or {}).get("current")
+    return int((progress or {}).get("processed", checkpoint.get("epoch") or 0))
+
+
 class ResumeState(pl.Callback):
     """Saves the run's record, the random state and plain hyperparameters into every checkpoint; checks and
     applies a continued run's changes once Lightning restored the checkpoint (see the module)."""
 
-    def __init__(self, record: dict[str, Any], into: dict[str, Any]) -> None:
+    def __init__(self, record: dict[str, Any], into: dict[str, Any], finished_before: bool = False) -> None:
         self.record = record  # module, model spec, data sizes, global batch: what a continued run is checked against
         self.into = into  # the run's results: how it continued
+        self.finished_before = finished_before  # the run dir holds a finished run: a budget it reached is refused
+        self._reached: tuple[int, int] = (0, 0)  # the checkpoint's optimizer steps and completed epochs
         self._restored_schedulers: list[dict[str, Any]] = []
         self._saved_lr: float | None = None
         self._apply_lr: tuple[float, float] | None = None
@@ -94,6 +102,7 @@ class ResumeState(pl.Callback):
             log.info("the training loader keeps no position inside an epoch: continuing from the start of the epoch")
         elif mid_epoch(checkpoint):
             self.into["resumed_at"] = "inside the epoch, after its last trained batch"
+        self._reached = (int(checkpoint.get("global_step") or 0), epochs_done(checkpoint))
         self._restored_schedulers = list(checkpoint.get("lr_schedulers", []))
         self._saved_lr = (checkpoint.get("hyper_parameters") or {}).get("lr")
 
@@ -116,15 +125,35 @@ class ResumeState(pl.Callback):
                             f"weights with a fresh schedule: init_from={source} resume=never"
                         )
         new = pl_module.hparams.get("lr")
-        if self._saved_lr is None or new is None or new == self._saved_lr:
-            return
-        if trainer.lr_scheduler_configs:
+        changed = self._saved_lr is not None and new is not None and new != self._saved_lr
+        if changed and trainer.lr_scheduler_configs:
             raise UserError(
                 f"the learning rate {new:g} differs from {self._saved_lr:g} that {source} was trained with, and its "
                 "schedule set its rates when it started; keep optim.lr (and batch.global_size, with lr scaling) as "
                 f"they were, or start a new run from its weights with a fresh optimizer: init_from={source} resume=never"
             )
-        self._apply_lr = (self._saved_lr, new)
+        self._something_to_train(trainer)
+        if changed:
+            self._apply_lr = (self._saved_lr, new)
+
+    def _something_to_train(self, trainer: pl.Trainer) -> None:
+        """A finished run continued with a budget it already reached would only test and record again: refused,
+        its results.json and metrics.csv left as they were."""
+        if not self.finished_before:
+            return  # an attempt stopped before its test: continuing it tests and records
+        step, epochs = self._reached
+        limits = {"trainer.max_steps": (trainer.max_steps, step), "trainer.max_epochs": (trainer.max_epochs, epochs)}
+        reached = [
+            f"{key}={limit}" for key, (limit, done) in limits.items() if limit not in (None, -1) and done >= limit
+        ]
+        if reached:
+            refused = UserError(
+                f"nothing to train: this run finished at step {step} after {epochs} epoch(s), which {reached[0]} "
+                "already reaches; raise it (or set it to -1 to leave the other budget to decide) to train on; the "
+                "run's results are left as they were"
+            )
+            refused.before_any_result = True  # type: ignore[attr-defined]
+            raise refused
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._apply_lr is None:

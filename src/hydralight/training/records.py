@@ -87,6 +87,20 @@ def objective_value(trainer: pl.Trainer, metrics: dict[str, float], metric: str)
     return value if value is not None and math.isfinite(value) else None
 
 
+def stopped_by(trainer: pl.Trainer) -> dict[str, Any] | None:
+    """Which step or epoch budget ended training, and those given that it ended before (None when one budget
+    alone was given, or none was reached: an early stop, a time limit)."""
+    budgets = {
+        "trainer.max_steps": (trainer.max_steps, trainer.global_step),
+        "trainer.max_epochs": (trainer.max_epochs, trainer.current_epoch),
+    }
+    given = {key: (limit, done) for key, (limit, done) in budgets.items() if limit not in (None, -1)}
+    reached = [f"{key}={limit}" for key, (limit, done) in given.items() if done >= limit]
+    if not reached or len(given) < 2:
+        return None
+    return {"budget": reached[0], "before": [f"{k}={limit}" for k, (limit, done) in given.items() if done < limit]}
+
+
 def run_results(
     trainer: pl.Trainer,
     metrics: dict[str, Any],
@@ -115,6 +129,7 @@ def run_results(
             "value": objective_value(trainer, metrics, objective.metric),
         },
         "samples_per_second": round(samples / fit_seconds, 1) if fit_seconds else None,
+        "stopped_by": stopped_by(trainer),
     }
 
 
@@ -124,6 +139,9 @@ def result_line(results: dict[str, Any], run_dir: str) -> str:
     first = "test/" + results["objective"]["metric"].split("/", 1)[-1]
     shown = " ".join(f"{k}={test[k]:.4f}" for k in sorted(test, key=lambda k: (k != first, k)) if "samples" not in k)
     where = f"(checkpoint: {results.get('best_checkpoint') or 'final weights'}; run dir: {run_dir})"
+    if stop := results.get("stopped_by"):
+        unreached = f", before {' and '.join(stop['before'])}" if stop["before"] else ""
+        where = f"{where}; stopped by {stop['budget']} at step {results.get('global_step')}{unreached}"
     if shown:
         return f"{shown} {where}"
     value = results["objective"]["value"]
