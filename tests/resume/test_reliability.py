@@ -88,6 +88,17 @@ def test_nan_loss_stops_with_the_step_named(tiny_data, tmp_path):
     assert "at step" in line and "optim.lr" in line
 
 
+def test_nan_loss_beside_an_unreadable_older_checkpoint_says_why_the_run_stopped(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not really a checkpoint")
+    result = run_cli([*TINY, "optim=sgd", "optim.lr=1e12", "optim.lr_scaling=none", "resume=never",
+                      "trainer.limit_train_batches=null"], run, tiny_data)  # fmt: skip
+    line = one_line(result)
+    assert line.startswith("error: the loss is") and "cannot be read" in line, line
+    assert (run / "checkpoints" / "last.ckpt").read_bytes().startswith(b"PK\x03\x04 not really")  # left as it was
+
+
 def test_labels_outside_0_to_9(fresh_data, tmp_path):
     write_idx(fresh_data / "MNIST" / "raw" / "train-labels-idx1-ubyte", np.full(600, 12))
     assert "label 12 outside 0-9" in one_line(run_cli(TINY, tmp_path / "run", fresh_data))

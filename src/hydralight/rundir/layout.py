@@ -105,3 +105,17 @@ class SweepDir:
 
     def job(self, number: int | str) -> RunDir:
         return RunDir(self.path / str(number))
+
+
+def not_a_checkpoint_file(path: str | Path) -> str | None:
+    """Why `path` cannot be a checkpoint file (missing, a folder, a device), in words; None for a regular file."""
+    path = Path(path)
+    if path.is_file():
+        return None
+    if path.is_dir():
+        inside = path / CHECKPOINTS / LAST if (path / CHECKPOINTS / LAST).is_file() else path / LAST
+        hint = f" (a run dir's is {inside})" if inside.is_file() else ""
+        return f"is a folder; pass a .ckpt file{hint}"
+    if path.exists():
+        return "is not a regular file (a device or a pipe); pass the .ckpt file of a run (its checkpoints/ folder)"
+    return "does not exist; pass the .ckpt file of a run (its checkpoints/ folder)"

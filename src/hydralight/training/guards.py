@@ -16,7 +16,10 @@ def kept_state(last: Path) -> str:
     """What a stopped run keeps: its last checkpoint and step, or that it has none."""
     if not last.is_file():
         return "no checkpoint was saved before it"
-    step = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("global_step")
+    try:
+        step = torch.load(last, map_location="cpu", weights_only=True).get("global_step")
+    except Exception:  # a damaged file must not hide why the run stopped
+        return f"{last}, the last checkpoint saved before it, cannot be read"
     return f"{last} (step {step}) holds the last state saved before it"
 
 
