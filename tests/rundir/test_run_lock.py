@@ -6,7 +6,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -137,7 +137,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tiny_data, tmp_path):
 
 
 def test_the_refusal_names_the_holders_host_pid_and_start(tmp_path):
-    began = datetime.now(timezone.utc).replace(microsecond=0)
+    began = datetime.now(UTC).replace(microsecond=0)
     with RunDirLock(tmp_path) as held:
         host = marker(held.path)["host"]
         with pytest.raises(UserError) as refused, RunDirLock(tmp_path):
@@ -145,7 +145,7 @@ def test_the_refusal_names_the_holders_host_pid_and_start(tmp_path):
     message = str(refused.value)
     assert f"run dir {tmp_path.resolve()} is in use by pid {os.getpid()} on {host} (since " in message
     since = datetime.fromisoformat(message.split("(since ")[1].split(")")[0])
-    assert began <= since <= datetime.now(timezone.utc)
+    assert began <= since <= datetime.now(UTC)
 
 
 def test_lock_from_another_host_is_taken_over_only_once_its_lease_lapsed(tmp_path, quick, caplog):

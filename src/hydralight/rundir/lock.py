@@ -17,7 +17,7 @@ import logging
 import os
 import stat
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 
@@ -42,7 +42,7 @@ class _Lease(SoftFileLease):
     # over; tests/rundir/test_run_lock.py fails if the line stops reaching the marker.
     def _write_lock_info(self, fd: int) -> None:
         super()._write_lock_info(fd)
-        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        started = datetime.now(UTC).isoformat(timespec="seconds")
         os.write(fd, f"{STARTED}={started}\n".encode())
 
 

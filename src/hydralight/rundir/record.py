@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ PACKAGES = ("torch", "torchvision", "pytorch-lightning", "torchmetrics", "hydra-
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
