@@ -6,20 +6,25 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
+import http.client
 import os
-import socket
+import ssl
 import sys
 import threading
+import urllib.error
+import urllib.request
 from argparse import Namespace
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from lightning_fabric.utilities.rank_zero import rank_zero_only
 from pytorch_lightning.loggers import Logger, WandbLogger
 
 from hydralight.config.plan import RunPlan
 from hydralight.errors import UserError, require
+from hydralight.rundir.launch import is_rank_zero
 from hydralight.rundir.layout import RunDir
 from hydralight.rundir.redaction import redact, redacted_argv
 
@@ -111,72 +116,148 @@ class HistoryLogger(Logger):
             self._rewrite(self._header(), kept)
 
 
-WANDB_PROBE_S = 5.0
+# Every network step of a wandb run has a deadline, so that a server that accepts connections and never
+# answers (a firewall, a dead proxy) costs seconds, not wandb's own minutes.
+WANDB_PROBE_S = 5.0  # for the server to answer one request
+WANDB_INIT_TIMEOUT_S = 15.0  # for wandb.init to start the run (wandb's default: 90 s)
+WANDB_FINISH_TIMEOUT_S = 300.0  # for the last uploads; what is left stays on disk for `wandb sync`
+WANDB_ONLINE_MODES = ("online", "shared", "run")
+OFFLINE_NOTE = "logging offline instead (upload later with `wandb sync <run dir>/wandb/offline-run-*`)"
 
 
-def wandb_mode(requested: str) -> str:
-    """The mode of the run's wandb logger: the config's when set, else the user's `WANDB_MODE`, else
-    (`auto`) online only when an API key is configured and the server answers within
-    `WANDB_PROBE_S` seconds, so a run never prompts for a login or hangs on a compute node
-    without internet."""
+def wandb_base_url() -> str:
+    return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")
+
+
+def explicit_wandb_mode(requested: str) -> str | None:
+    """The mode the config (`logger.wandb.mode`) or the environment (`WANDB_DISABLED`, `WANDB_MODE`) asks for;
+    None when `auto` leaves the choice to the run."""
     if requested != "auto":
         return requested
     if os.environ.get("WANDB_DISABLED", "").lower() in ("1", "true", "yes"):
         return "disabled"
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    has_login = netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
-    if not (os.environ.get("WANDB_API_KEY") or has_login):
+    return os.environ.get("WANDB_MODE") or None
+
+
+def offline_switch(requested: str) -> str:
+    """How the user turns a run of this request offline: the config's mode wins over WANDB_MODE."""
+    return "WANDB_MODE=offline" if requested == "auto" else "logger.wandb.mode=offline"
+
+
+def wandb_mode(requested: str) -> str:
+    """The mode of the run's wandb logger: the one asked for (`explicit_wandb_mode`), else (`auto`) online only
+    when an API key is configured and the server answers within `WANDB_PROBE_S` seconds, so a run never prompts
+    for a login or hangs on a compute node without internet. Online asked for with a server that does not answer
+    is refused in one line."""
+    explicit = explicit_wandb_mode(requested)
+    if explicit is not None and explicit not in WANDB_ONLINE_MODES:
+        return explicit
+    if explicit is None and not _has_login():
         return "offline"
     unreachable = wandb_server_unreachable()
-    if unreachable:
-        print(
-            f"wandb: {unreachable}; logging offline instead (upload later with `wandb sync <run dir>/wandb/offline-run-*`)",
-            file=sys.stderr,
-            flush=True,
+    if unreachable is None:
+        return explicit or "online"
+    if explicit is not None:
+        raise UserError(
+            f"wandb: {unreachable}; log offline with {offline_switch(requested)} (upload later with `wandb sync`), "
+            "or check WANDB_BASE_URL and your login (`wandb login`)"
         )
-        return "offline"
-    return "online"
+    print(f"wandb: {unreachable}; {OFFLINE_NOTE}", file=sys.stderr, flush=True)
+    return "offline"
+
+
+def _has_login() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlsplit(wandb_base_url()).hostname or "api.wandb.ai"
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and host in netrc.read_text(errors="ignore")
 
 
 def wandb_server_unreachable(timeout: float = WANDB_PROBE_S) -> str | None:
-    """Why the wandb server (WANDB_BASE_URL) cannot be reached within `timeout` seconds; None if it can."""
-    from urllib.parse import urlsplit
+    """Why the wandb server (WANDB_BASE_URL) does not answer a request to its API within `timeout` seconds;
+    None if it does.
 
-    url = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
-    host, port = url.hostname or "api.wandb.ai", url.port or (443 if url.scheme == "https" else 80)
+    The probe is the request wandb starts a run with (a POST to /graphql; the query needs no login, and no key
+    is sent). Any answer counts but a 404, which no wandb server gives there (a proxy answering for a server it
+    cannot reach, a wrong WANDB_BASE_URL), and a server error, which wandb would keep retrying.
+    """
+    base = wandb_base_url()
+    parts = urlsplit(base)
+    # The address as the message names it, without any user:password the URL carries.
+    where = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    request = urllib.request.Request(
+        f"{base}/graphql",
+        data=b'{"query": "{ __typename }"}',
+        headers={"Content-Type": "application/json", "User-Agent": "hydralight"},
+        method="POST",
+    )
     outcome: list[str | None] = []
 
     def probe() -> None:  # in a thread: name resolution has no timeout of its own
         try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            outcome.append(None)
-        except OSError as err:
-            outcome.append(f"{host}:{port} cannot be reached ({err.strerror or err})")
+            with urllib.request.urlopen(request, timeout=timeout):
+                outcome.append(None)
+        except urllib.error.HTTPError as err:
+            outcome.append(_refusal(where, err.code))
+        except urllib.error.URLError as err:
+            if isinstance(err.reason, ssl.SSLCertVerificationError):
+                outcome.append(None)  # it answered; which certificates to trust is wandb's own setting
+            else:
+                outcome.append(f"{where} cannot be reached ({_reason(err.reason)})")
+        except (OSError, ValueError, http.client.HTTPException) as err:  # timeouts, resets, a malformed URL
+            outcome.append(f"{where} cannot be reached ({_reason(err)})")
 
-    thread = threading.Thread(target=probe, daemon=True)
+    thread = threading.Thread(target=probe, name="wandb-probe", daemon=True)
     thread.start()
     thread.join(timeout)
-    return outcome[0] if outcome else f"{host}:{port} did not answer within {timeout:.0f}s"
+    return outcome[0] if outcome else f"{where} did not answer within {timeout:.0f} s"
 
 
-def wandb_settings(spec: dict[str, Any], plan: RunPlan) -> dict[str, Any]:
+def _refusal(where: str, status: int) -> str | None:
+    if status == 404:
+        return (
+            f"{where} answered HTTP 404 to a wandb API request: it is not a wandb server (a proxy, or a wrong "
+            "WANDB_BASE_URL)"
+        )
+    if status == 407:
+        return f"{where} is a proxy that wants a login (HTTP 407)"
+    if status >= 500:
+        return f"{where} answered HTTP {status} (a server error)"
+    return None  # 2xx-4xx: a server that speaks wandb's API, whether or not it takes this request
+
+
+def _reason(err: object) -> str:
+    if isinstance(err, TimeoutError):
+        return "no answer in time"
+    text = getattr(err, "strerror", None) or str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:200]
+
+
+def wandb_settings(spec: dict[str, Any], plan: RunPlan, mode: str) -> dict[str, Any]:
     """One wandb run per job: stable id from the job dir (a requeued or resumed job continues it),
-    grouped by sweep, named by its overrides, tagged with the hardware."""
+    grouped by sweep, named by its overrides, tagged with the hardware, with deadlines for starting and
+    finishing it (the spec's `settings` win)."""
+    import wandb
+
     hw, fw, paths = plan.hardware, plan.framework, plan.paths
     tags = [f"{hw.num_nodes}x{hw.devices}{hw.accelerator}", fw.strategy, fw.precision]
     run_dir = Path(paths.run_dir)
+    known = wandb.Settings()  # older releases lack some of these, and refuse settings they do not know
+    deadlines = {"init_timeout": WANDB_INIT_TIMEOUT_S, "finish_timeout": WANDB_FINISH_TIMEOUT_S}
+    deadlines = {name: seconds for name, seconds in deadlines.items() if hasattr(known, name)}
     # The name comes from the command line, which may carry a secret's value.
     return redact(
         {
             **spec,
-            "mode": wandb_mode(spec.get("mode", "auto")),
+            "mode": mode,
             "id": spec.get("id") or hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16],
             "resume": "allow",
             "group": spec.get("group") or (Path(paths.sweep_dir).name if paths.sweep_dir else None),
             "name": spec.get("name") or paths.job_name or run_dir.name,
             "tags": [*spec.get("tags", []), *tags],
+            "settings": {**deadlines, **(spec.get("settings") or {})},
+            "_convert_": "all",  # wandb.init takes its settings as a plain dict, not Hydra's DictConfig
         }
     )
 
@@ -191,31 +272,60 @@ def build_loggers(plan: RunPlan, manifest: dict[str, Any] | None = None) -> list
         if spec.get("_target_") == HISTORY_TARGET:
             continue  # always there
         if name == "wandb":
-            spec = wandb_settings(spec, plan)
+            loggers.append(start_wandb_logger(spec, plan))
+            continue
         if name == "tensorboard":
             require("tensorboard", "tensorboard", "logger=tensorboard")
         loggers.append(instantiate(spec))
     hparams = redact({"config": plan.config, "plan": plan.to_dict()})
     for logger in loggers[1:]:
-        if isinstance(logger, WandbLogger):
-            start_wandb_run(logger)
         logger.log_hyperparams(hparams)
         if manifest and isinstance(logger, WandbLogger):
             logger.experiment.config.update({"manifest": redact(manifest)}, allow_val_change=True)
     return loggers
 
 
-def start_wandb_run(logger: WandbLogger) -> None:
-    """Start the logger's wandb run, with the command line's secrets out of what wandb records."""
+def start_wandb_logger(spec: dict[str, Any], plan: RunPlan) -> Logger:
+    """The wandb logger of `spec` with its run started. In `auto` mode a run that cannot start online (the
+    server answered the probe, then failed or went quiet) starts offline instead, said in one line."""
+    import wandb
+    from hydra.utils import instantiate
+
+    if not is_rank_zero():
+        # Lightning's logger starts no run on the other ranks: no probe, no second note, no wandb process.
+        return instantiate(wandb_settings(spec, plan, "disabled"))
+    requested = spec.get("mode", "auto")
+    mode = wandb_mode(requested)
+    # The process's mode too, not only the run's: wandb's own telemetry follows the process's settings, and
+    # would otherwise try the server when the process exits (10 s and more when it does not answer).
+    wandb.setup(wandb.Settings(mode=mode))
+    logger = instantiate(wandb_settings(spec, plan, mode))
+    failure = _start(logger)
+    if failure is not None and mode == "online" and explicit_wandb_mode(requested) is None:
+        wandb.teardown()  # the failed run still holds its id in wandb's service process
+        print(f"wandb: could not start an online run ({failure}); {OFFLINE_NOTE}", file=sys.stderr, flush=True)
+        wandb.setup(wandb.Settings(mode="offline"))
+        logger = instantiate(wandb_settings(spec, plan, "offline"))
+        failure = _start(logger)
+    if failure is not None:
+        raise UserError(
+            f"wandb could not start a run ({failure}); log offline with {offline_switch(requested)} (upload later "
+            "with `wandb sync`), or check WANDB_BASE_URL and your login (`wandb login`)"
+        )
+    return logger
+
+
+def _start(logger: Logger) -> str | None:
+    """Start the logger's wandb run, with the command line's secrets out of what wandb records; why it could
+    not, or None."""
+    if not isinstance(logger, WandbLogger):
+        return None  # another logger class in `logger.wandb`: it starts its own way
     try:
         with redacted_argv():
             logger.experiment  # noqa: B018 (starts the run)
     except Exception as err:  # wandb raises its own error types, and they move between releases
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(
-            f"wandb could not start a run ({reason[:200]}); log offline with WANDB_MODE=offline (upload later with "
-            "`wandb sync`), or check WANDB_BASE_URL and your login"
-        ) from None
+        return _reason(err)
+    return None
 
 
 @contextlib.contextmanager
