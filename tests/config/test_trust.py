@@ -119,3 +119,11 @@ def test_init_from_and_resume_build_from_this_run_s_config(tiny_data, tmp_path):
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
     line = one_line(run_cli([f"resume={run}", "trainer.max_steps=4"], tmp_path / "elsewhere", tiny_data))
     assert "logging.FileHandler at callbacks.evil" in line and not victim.exists()
+
+
+@pytest.mark.slow
+def test_mode_eval_compares_a_checkpoint_s_sizes_before_building_its_module(tiny_data, tmp_path):
+    # A record claiming 10**12 classes would allocate a layer of that size if it were built first.
+    ckpt = hostile_checkpoint(tmp_path / "huge.ckpt", "sizes", 10**12)
+    line = one_line(run_cli(["mode=eval", f"ckpt_path={ckpt}", *EVAL], tmp_path / "run", tiny_data))
+    assert "was trained on data with" in line and "num_classes 1000000000000" in line, line

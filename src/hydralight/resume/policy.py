@@ -5,7 +5,7 @@ then `ckpt_path`; `resume=never`; `resume=RUN_DIR`; a finished run does nothing)
 written, that checkpoint is read without running pickled code and checked against the module this run
 builds: the same module and network, the same data sizes and global batch, the same hyperparameters
 (a new learning rate is the one change a continued run may make, hydralight.resume.state). `init_from`
-loads weights only; `mode=eval` rebuilds the module a checkpoint holds. Every refusal is one line that
+loads weights only; `mode=eval` and `mode=predict` rebuild the module a checkpoint holds. Every refusal is one line that
 names the way out.
 """
 
@@ -182,14 +182,7 @@ class Resume:
                 )
         elif then["module"] is not None and then["module"] != target:
             raise UserError(f"{source} holds another module ({then['module']}) than this run ({target}); {way_out}")
-        saved_sizes = {k: v for k, v in (then.get("sizes") or {}).items() if k in sizes}
-        now_sizes = {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items() if k in saved_sizes}
-        if saved_sizes != now_sizes:
-            shown = lambda s: ", ".join(f"{k} {v}" for k, v in sorted(s.items()))  # noqa: E731
-            raise UserError(
-                f"{source} was trained on data with {shown(saved_sizes)}, this run's data has {shown(now_sizes)}; "
-                "pick the data it was trained on, or start a new run dir"
-            )
+        check_sizes(then, sizes, source)
         if not continuing:
             return
         size = then.get("global_size")
@@ -208,13 +201,13 @@ class Resume:
                     f"{describe(now_hparams[key])}); keep it to continue that run, {fresh}"
                 )
 
-    # -- mode=eval ------------------------------------------------------------------------------------
+    # -- mode=eval and mode=predict ---------------------------------------------------------------------
 
     def build(self, sizes: dict[str, Any]) -> tuple[pl.LightningModule, RunPlan]:
         """The module this run trains, checked against the checkpoint it continues (`init_from`'s weights
-        loaded); for `mode=eval`, the module the checkpoint holds. With the plan whose model slice built it:
-        the records name the module a tested checkpoint holds, not the model option's default."""
-        if self.decision.mode == "eval":
+        loaded); for `mode=eval` and `mode=predict`, the module the checkpoint holds. With the plan whose model
+        slice built it: the records name the module a checkpoint holds, not the model option's default."""
+        if self.decision.mode in ("eval", "predict"):
             module, model = self.module_to_test(sizes)
             config = {**self.plan.config, "model": {**self.plan.config.get("model", {}), **model.spec}}
             return module, self.plan.replace(model=model, config=config)
@@ -245,19 +238,33 @@ class Resume:
         if given and differing:
             key = f"model.{differing[0]}"
             asks = next((o for o in reversed(given) if re.match(rf"[+~]*{re.escape(key)}([.=]|$)", o)), given[-1])
+            uses = "tests" if self.decision.mode == "eval" else "predicts with"
             raise UserError(
-                f"mode=eval tests the module {path} holds, built as it was trained, but the command line asks for "
-                f"another ({key} differs: {asks}), which would be ignored; drop it (to train that model from the "
-                f"checkpoint's weights: init_from={path})"
+                f"mode={self.decision.mode} {uses} the module {path} holds, built as it was trained, but the command "
+                f"line asks for another ({key} differs: {asks}), which would be ignored; drop it (to train that model "
+                f"from the checkpoint's weights: init_from={path})"
             )
         model = model_of(contents, self.plan.model)
         check_built_from(contents, model, configured_targets(self.plan.config), f"ckpt_path={path}")
         # How it runs is this run's choice: a compiled run's checkpoint tests uncompiled unless asked otherwise.
         runs = {k: now[k] for k in HOW_IT_RUNS if k in now and k in model.spec}
         model = dataclasses.replace(model, spec={**model.spec, **runs})
+        check_sizes(record_of(contents), sizes, f"ckpt_path={path}")  # before a module of another size is built
         module = rebuild(contents, model, sizes, f"ckpt_path={path}")
         self._check_compatible(contents, module, sizes, f"ckpt_path={path}", continuing=False)
         return module, model
+
+
+def check_sizes(then: dict[str, Any], sizes: dict[str, Any], source: Any) -> None:
+    """Refuse a checkpoint trained on data of other sizes (classes, input shape) than this run's."""
+    saved_sizes = {k: v for k, v in (then.get("sizes") or {}).items() if k in sizes}
+    now_sizes = {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items() if k in saved_sizes}
+    if saved_sizes != now_sizes:
+        shown = lambda s: ", ".join(f"{k} {v}" for k, v in sorted(s.items()))  # noqa: E731
+        raise UserError(
+            f"{source} was trained on data with {shown(saved_sizes)}, this run's data has {shown(now_sizes)}; "
+            "pick the data it was trained on, or start a new run dir"
+        )
 
 
 def model_of(contents: dict[str, Any], fallback: ModelPlan) -> ModelPlan:
