@@ -1,4 +1,5 @@
-"""`python scripts/sweep_report.py MULTIRUN_DIR [--out DIR]`: table and plots of a finished (or running) sweep."""
+"""`python scripts/sweep_report.py MULTIRUN_DIR [--out DIR] [--group-over KEYS]`: table and plots of a finished (or
+running) sweep; jobs that differ only in the grouped keys (seed by default) are one row: mean, std, min, max, n."""
 
 import argparse
 import sys
@@ -8,15 +9,29 @@ from hydralight.errors import UserError
 from hydralight.reports.sweep import write_report
 
 
+def group_keys(text: str) -> list[str]:
+    """`seed,data.split_seed` -> its keys; `none` (or nothing) groups nothing: one row per job."""
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    return [] if keys in ([], ["none"]) else keys
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
         "sweep_dir", type=Path, help="the multirun dir of a sweep, e.g. multirun/2026-01-31/12-00-00-000000"
     )
     parser.add_argument("--out", type=Path, default=None, help="where to write the report (default: the sweep dir)")
+    parser.add_argument(
+        "--group-over",
+        type=group_keys,
+        default=None,
+        metavar="KEYS",
+        help="override keys whose runs are one setting, comma-separated (default: seed, when the sweep varies it; "
+        "none: one row per job)",
+    )
     args = parser.parse_args()
     try:
-        summary = write_report(args.sweep_dir, args.out)
+        summary = write_report(args.sweep_dir, args.out, args.group_over)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -188,3 +188,42 @@ def test_search_trials_run_as_slurm_jobs(tiny_data, tmp_path):
     assert sorted(submitted) == ["0", "1"] and all(entry["job_id"] for entry in submitted.values())
     for trial in found:
         assert trial["value"] == pytest.approx(best_val(sweep_dir / trial["job"]), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_trial_over_several_seeds_is_scored_by_their_mean(tiny_data, tmp_path):
+    sweep_dir = tmp_path / "search"
+    result = search(["hydra.sweeper.n_trials=2", "hydra.sweeper.seeds=2", "seed=7"], sweep_dir, tiny_data)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((sweep_dir / "search.json").read_text())
+    assert summary["seeds"] == 2
+    found = summary["trials"]
+    assert [t["state"] for t in found] == ["COMPLETE", "COMPLETE"]
+    assert [t["jobs"] for t in found] == [["0", "1"], ["2", "3"]]  # one job per seed, numbered in turn
+    for trial in found:
+        objectives = []
+        for run in trial["seeds"]:
+            results = json.loads((sweep_dir / run["job"] / "results.json").read_text())
+            overrides = yaml.safe_load((sweep_dir / run["job"] / ".hydra" / "overrides.yaml").read_text())
+            # seed=7 on the command line is where the seeds start: 7 and 8, each job its own.
+            assert [o for o in overrides if o.startswith("seed=")] == [f"seed={run['seed']}"]
+            assert run["value"] == results["objective"]["value"] == pytest.approx(best_val(sweep_dir / run["job"]))
+            objectives.append(results["objective"]["value"])
+        assert [run["seed"] for run in trial["seeds"]] == [7, 8]
+        assert trial["value"] == pytest.approx(sum(objectives) / len(objectives), abs=1e-12)
+    # The optuna study holds the mean too: it is what TPE proposes from.
+    study = optuna.load_study(study_name="search", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+    assert [t.value for t in study.trials] == [t["value"] for t in found]
+    best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
+    assert best["value"] == max(t["value"] for t in found) and best["command"].endswith("seed=7,8")
+    assert best["command"].startswith("python train.py -m ")
+    # The report groups each trial's jobs into one row: the same mean, over n=2.
+    report = write_report(sweep_dir)
+    assert sorted(round(float(r[2]), 4) for r in report["group_rows"]) == sorted(round(t["value"], 4) for t in found)
+    assert {r[1] for r in report["group_rows"]} == {"2"}
+    assert "Each trial's value is the mean over 2 seeds." in (sweep_dir / "report.md").read_text()
+    # A continued study keeps its seeds; searching the seed itself cannot be averaged over seeds.
+    fewer = search(["hydra.sweeper.n_trials=3", "hydra.sweeper.seeds=1", "seed=7"], sweep_dir, tiny_data)
+    assert "scored each trial over 2 seed(s), not 1" in one_line(fewer)
+    searched = search(["hydra.sweeper.seeds=2", "seed=choice(1, 2)"], tmp_path / "seeded", tiny_data)
+    assert "seed cannot be searched as well" in one_line(searched) and not (tmp_path / "seeded").exists()

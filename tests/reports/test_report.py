@@ -1,9 +1,11 @@
 """A real 2 x 2 sweep, then its report; synthetic grid, search and scaling sweep dirs; a real scaling sweep."""
 
 import csv
+import itertools
 import json
 import re
 import shutil
+import statistics
 import sys
 
 import pytest
@@ -12,9 +14,10 @@ from conftest import ROOT, TINY, compose_config, csv_rows, run_cli, run_python
 from conftest import plan_of as run_plan_of
 from omegaconf import OmegaConf
 
+from hydralight.errors import UserError
 from hydralight.reports.scaling import machine_note, scaling_figure
 from hydralight.reports.search import load_search, load_study, write_search_plots
-from hydralight.reports.sweep import curves_figure, load_job, write_report
+from hydralight.reports.sweep import curves_figure, group_curves_figure, group_jobs, load_job, write_report
 from hydralight.rundir.outcome import find_jobs
 
 
@@ -396,3 +399,152 @@ def test_a_real_scaling_sweep_reports_its_efficiency(tiny_data, tmp_path):
     assert [r[:2] for r in rows] == [["1", "0"], ["2", "1"]] and rows[0][-1] == "100%"
     speeds = [json.loads((sweep_dir / j / "results.json").read_text())["train_samples_per_second"] for j in "01"]
     assert rows[1][-1] == f"{100 * speeds[1] / (2 * speeds[0]):.0f}%"
+
+
+# Seeds: jobs that differ only in the grouped keys are one row, their mean, spread and n.
+
+SEED_VALS = {"0.001": [0.80, 0.84, 0.83], "0.01": [0.90, 0.86, 0.95]}
+SEED_TESTS = {"0.001": [0.79, 0.85, 0.81], "0.01": [0.91, 0.85, 0.93]}
+
+
+def write_seed_sweep(sweep_dir, failed=()):
+    """2 learning rates x seeds 0-2 (jobs 0-5, seed fastest); `failed`: job names that failed."""
+    for n, (lr, seed) in enumerate((lr, seed) for lr in SEED_VALS for seed in range(3)):
+        write_job(sweep_dir, str(n), [f"optim.lr={lr}", f"seed={seed}"], vals=[(4, SEED_VALS[lr][seed] - 0.1),
+                  (9, SEED_VALS[lr][seed])], test_acc=SEED_TESTS[lr][seed],
+                  status="failed" if str(n) in failed else "finished")  # fmt: skip
+
+
+def spread_of(values):
+    return [statistics.fmean(values), statistics.stdev(values), min(values), max(values)]
+
+
+def csv_table(path):
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_jobs_that_differ_only_in_seed_are_one_row_with_mean_std_and_n(tmp_path):
+    write_seed_sweep(tmp_path, failed={"5"})
+    summary = write_report(tmp_path)
+    assert summary["group_over"] == ["seed"]
+    rows = csv_table(tmp_path / "report.csv")
+    stats = ["mean", "std", "min", "max"]
+    # The failed job (lr 0.01, seed 2, whose 0.95 would have put its group further ahead) is counted, not averaged.
+    counted = {"0.001": [0, 1, 2], "0.01": [0, 1]}
+    expected = {lr: spread_of([SEED_VALS[lr][s] for s in seeds]) for lr, seeds in counted.items()}
+    order = sorted(expected, key=lambda lr: -expected[lr][0])
+    assert [r["overrides"] for r in rows] == [f"optim.lr={lr}" for lr in order]
+    for row in rows:
+        lr = row["overrides"].removeprefix("optim.lr=")
+        assert [float(row[f"best val/acc {s}"]) for s in stats] == pytest.approx(expected[lr], abs=5e-5)
+        tests = spread_of([SEED_TESTS[lr][s] for s in counted[lr]])
+        assert [float(row[f"test/acc {s}"]) for s in stats] == pytest.approx(tests, abs=5e-5)
+    by_lr = {r["overrides"]: r for r in rows}
+    assert by_lr["optim.lr=0.001"]["n"] == "3" and by_lr["optim.lr=0.001"]["jobs"] == "0, 1, 2"
+    assert by_lr["optim.lr=0.01"]["n"] == "2 of 3, 1 failed"
+    # Every job is still listed: below the groups in report.md, and in report_jobs.csv.
+    best = {str(n): SEED_VALS[lr][seed] for n, (lr, seed) in enumerate(itertools.product(SEED_VALS, range(3)))}
+    finished = sorted((n for n in best if n != "5"), key=lambda n: -best[n])
+    assert [r["job"] for r in csv_table(tmp_path / "report_jobs.csv")] == [*finished, "5"]
+    text = (tmp_path / "report.md").read_text()
+    groups = table_rows(text, "| overrides | n | best val/acc mean |")
+    assert [r[:2] for r in groups] == [[r["overrides"], r["n"]] for r in rows]
+    assert len(table_rows(text, "| job | overrides | status |")) == 6
+    assert "in 2 groups of jobs that differ only in seed" in text
+    assert_png(tmp_path / "curves.png")
+    assert not (tmp_path / "heatmap.png").exists()  # one setting swept besides the seed: no grid
+
+
+def test_group_curves_are_the_mean_of_the_seeds_with_a_min_max_band(tmp_path):
+    write_seed_sweep(tmp_path)
+    groups = group_jobs(jobs_of(tmp_path), ["seed"])
+    fig = group_curves_figure(groups, ["optim.lr"], ["seed"])
+    loss, acc = fig.axes[:2]
+    assert len(acc.lines) == len(acc.collections) == 2  # one mean line and one band per group, not per seed
+    for group, line, band in zip(groups, acc.lines, acc.collections, strict=True):
+        runs = [dict(j.validation) for j in group.jobs]
+        steps = sorted(runs[0])
+        assert list(line.get_xdata()) == steps
+        assert list(line.get_ydata()) == pytest.approx([statistics.fmean(r[s] for r in runs) for s in steps])
+        # The band's outline holds each step's lowest and highest run.
+        outline = band.get_paths()[0].vertices
+        for step in steps:
+            at = sorted(y for x, y in outline if x == step)
+            assert at[0] == pytest.approx(min(r[step] for r in runs)) and at[-1] == pytest.approx(
+                max(r[step] for r in runs)
+            )
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["optim.lr=0.01 (n=3)", "optim.lr=0.001 (n=3)"]
+    assert "mean over seed, band min-max" in acc.get_title()
+
+
+def test_group_over_other_keys_and_a_key_no_job_sets(tmp_path):
+    # 2 learning rates x 2 seeds x 2 data splits: grouped over both, 4 runs a setting; over the split alone, 2.
+    values = {}
+    for n, (lr, seed, split) in enumerate(itertools.product(["0.001", "0.01"], [0, 1], [5, 6])):
+        values[(lr, seed, split)] = 0.5 + n / 20 + (0.3 if lr == "0.01" else 0.0)
+        overrides = [f"optim.lr={lr}", f"seed={seed}", f"+data.split_seed={split}"]
+        write_job(tmp_path, str(n), overrides, vals=[(9, values[(lr, seed, split)])])
+    both = write_report(tmp_path, tmp_path / "both", ["seed", "data.split_seed"])
+    assert [(r[0], r[1]) for r in both["group_rows"]] == [("optim.lr=0.01", "4"), ("optim.lr=0.001", "4")]
+    for row in both["group_rows"]:
+        lr = row[0].removeprefix("optim.lr=")
+        assert float(row[2]) == pytest.approx(statistics.fmean(v for k, v in values.items() if k[0] == lr), abs=5e-5)
+    split = write_report(tmp_path, tmp_path / "split", ["data.split_seed"])
+    assert len(split["group_rows"]) == 4 and {r[1] for r in split["group_rows"]} == {"2"}
+    assert split["group_rows"][0][0] == "optim.lr=0.01 seed=1"  # the best mean first
+    # Grouping over nothing: one row per job, as without seeds.
+    plain = write_report(tmp_path, tmp_path / "plain", [])
+    assert plain["groups"] == [] and len(csv_table(tmp_path / "plain" / "report.csv")) == 8
+    assert not (tmp_path / "plain" / "report_jobs.csv").exists()
+    # A key no job sets: one line, nothing written.
+    with pytest.raises(UserError, match=r"--group-over data.splitseed: no job of .* sets data.splitseed") as err:
+        write_report(tmp_path, tmp_path / "typo", ["seed", "data.splitseed"])
+    assert "\n" not in str(err.value) and not (tmp_path / "typo").exists()
+
+
+def test_a_sweep_without_seed_variation_reports_one_row_per_job(tmp_path):
+    write_job(tmp_path, "0", ["optim.lr=0.001", "seed=3"], vals=[(9, 0.8)])
+    write_job(tmp_path, "1", ["optim.lr=0.01", "seed=3"], vals=[(9, 0.9)])
+    summary = write_report(tmp_path)
+    assert summary["groups"] == [] and summary["group_over"] == []
+    assert [r["job"] for r in csv_table(tmp_path / "report.csv")] == ["1", "0"]
+    assert "groups" not in (tmp_path / "report.md").read_text() and not (tmp_path / "report_jobs.csv").exists()
+
+
+@pytest.mark.slow
+def test_a_real_sweep_over_seeds_reports_one_row_per_learning_rate(tiny_data, tmp_path):
+    sweep_dir = tmp_path / "seeds"
+    # Plain SGD at two rates far apart: 3 steps leave one of them clearly behind, each seed a little apart.
+    args = ["-m", *TINY, "trainer.limit_train_batches=3", "optim=sgd", "optim.lr_scaling=none", "optim.lr=0.01,0.1",
+            "seed=0,1,2", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    result = run_cli(args, sweep_dir, tiny_data)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    shown = report(sweep_dir)
+    assert shown.returncode == 0, shown.stderr
+    rows = csv_table(sweep_dir / "report.csv")
+    assert len(rows) == 2 and [r["n"] for r in rows] == ["3", "3"]
+    means = []
+    for row in rows:
+        jobs = row["jobs"].split(", ")
+        assert len(jobs) == 3
+        found = [json.loads((sweep_dir / j / "results.json").read_text()) for j in jobs]
+        objective = [r["objective"]["value"] for r in found]
+        assert {r["objective"]["metric"] for r in found} == {"val/acc"}
+        overrides = [yaml.safe_load((sweep_dir / j / ".hydra" / "overrides.yaml").read_text()) for j in jobs]
+        assert {o for o in overrides[0] if o.startswith("optim.lr=")} == {row["overrides"]}
+        assert sorted(o for job in overrides for o in job if o.startswith("seed=")) == ["seed=0", "seed=1", "seed=2"]
+        assert float(row["best val/acc mean"]) == pytest.approx(statistics.fmean(objective), abs=5e-5)
+        assert float(row["best val/acc std"]) == pytest.approx(statistics.stdev(objective), abs=5e-5)
+        assert float(row["test/acc mean"]) == pytest.approx(statistics.fmean(r["test/acc"] for r in found), abs=5e-5)
+        means.append(float(row["best val/acc mean"]))
+    assert means == sorted(means, reverse=True)
+    assert (
+        "| overrides | n | best val/acc mean |" in shown.stdout and len(csv_table(sweep_dir / "report_jobs.csv")) == 6
+    )
+    assert_png(sweep_dir / "curves.png")
+    # A key no job sets is refused in one line, and the report stays as it was.
+    before = (sweep_dir / "report.md").read_text()
+    typo = report(sweep_dir, "--group-over", "sed")
+    assert typo.returncode == 2 and typo.stderr.startswith("error: --group-over sed: no job of")
+    assert len(typo.stderr.splitlines()) == 1 and (sweep_dir / "report.md").read_text() == before

@@ -14,6 +14,8 @@ storage fails under SQLAlchemy 2, and one failing trial aborts its whole search.
   its own job dir, continuing from its checkpoint.
 - `search.json` (every trial) and `best.yaml` (the best trial and the command that reproduces it) are
   written into the sweep dir after every batch.
+- `seeds: N` scores a trial by the mean of N runs at seeds seed, seed + 1, ... (one job each): one seed's
+  luck no longer picks the setting. A trial with a failed run fails; each run's value is in search.json.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,8 @@ class OptunaSearchConf:
     params: dict[str, str] = field(default_factory=dict)
     # Trials to run first, before sampling (a baseline, settings known to work): [{optim.lr: 1e-3}, ...].
     enqueue: list[dict[str, Any]] = field(default_factory=list)
+    # Runs per trial, at seeds seed, seed + 1, ...: the trial's value is their mean.
+    seeds: int = 1
 
 
 @dataclass
@@ -134,12 +139,20 @@ def _parses_back(key: str, text: str, value: Any) -> bool:
     return not parsed.is_sweep_override() and parsed.value() == value and type(parsed.value()) is type(value)
 
 
-def reproduce_command(overrides: list[str]) -> str:
-    """The single run a trial was: its overrides without the search preset."""
+def reproduce_command(overrides: list[str], seeds: list[int] | None = None) -> str:
+    """The single run a trial was, its overrides without the search preset; a trial of several seeds: the
+    sweep over them (which sweep_report.py reports as one row)."""
     from hydralight.config.compose import SEARCH_GROUP
 
-    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != SEARCH_GROUP]
-    return " ".join(["python train.py", *(shlex.quote(o) for o in kept)])
+    kept = [o for o in overrides if _key(o) != SEARCH_GROUP]
+    if not seeds or len(seeds) == 1:
+        return " ".join(["python train.py", *(shlex.quote(o) for o in kept)])
+    kept = [o for o in kept if _key(o) != "seed"] + ["seed=" + ",".join(map(str, seeds))]
+    return " ".join(["python train.py", "-m", *(shlex.quote(o) for o in kept)])
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 class OptunaSearch(Sweeper):
@@ -155,8 +168,9 @@ class OptunaSearch(Sweeper):
         storage: str | None,
         params: dict[str, str] | None,
         enqueue: list[dict[str, Any]] | None = None,
+        seeds: int = 1,
     ) -> None:
-        self.n_trials, self.n_jobs, self.seed = n_trials, n_jobs, seed
+        self.n_trials, self.n_jobs, self.seed, self.seeds = n_trials, n_jobs, seed, seeds
         self.n_startup_trials, self.study_name, self.storage = n_startup_trials, study_name, storage
         self.params = dict(params or {})
         self.enqueue = [dict(OmegaConf.to_container(t) if isinstance(t, DictConfig) else t) for t in enqueue or []]
@@ -182,6 +196,11 @@ class OptunaSearch(Sweeper):
         try:
             self._check_settings()
             fixed, space = self._split(arguments)
+            if self.seeds > 1 and "seed" in space:
+                raise UserError(
+                    f"hydra.sweeper.seeds={self.seeds} runs every trial at seeds seed, seed + 1, ...; seed cannot "
+                    "be searched as well: leave it out of the space, or set hydra.sweeper.seeds=1"
+                )
             # What every trial shares is checked first, so a refusal there is not blamed on a searched key.
             if (reason := self._refusal(fixed)) is not None and not any(key in reason for key in space):
                 raise UserError(f"every trial would be refused: {reason}")
@@ -226,7 +245,11 @@ class OptunaSearch(Sweeper):
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     continue
                 trial.set_user_attr("overrides", redact(overrides))  # the study's storage is a file too
-                trial.set_user_attr("job", str(next_job + len(batch)))
+                first = next_job + len(batch) * self.seeds
+                trial.set_user_attr("job", str(first))
+                if self.seeds > 1:  # one job per seed, numbered one after another
+                    trial.set_user_attr("jobs", [str(first + i) for i in range(self.seeds)])
+                    trial.set_user_attr("seeds", [int(self.config.seed) + i for i in range(self.seeds)])
                 batch.append(trial)
             if not batch:
                 break
@@ -261,6 +284,7 @@ class OptunaSearch(Sweeper):
         if not study.trials:
             study.set_user_attr("metric", metric)
             study.set_user_attr("fixed", redact(self.fixed))
+            study.set_user_attr("seeds", self.seeds)
         again = "set hydra.sweeper.study_name (or another hydra.sweep.dir) to start another study"
         if study.direction.name.lower() != direction or study.user_attrs.get("metric", metric) != metric:
             raise UserError(
@@ -271,6 +295,11 @@ class OptunaSearch(Sweeper):
             was = " ".join(study.user_attrs["fixed"]) or "(none)"
             raise UserError(
                 f"the study {self.study_name} ran its trials with {was}, not {' '.join(self.fixed)}; {again}"
+            )
+        if (before := study.user_attrs.get("seeds", 1)) != self.seeds:
+            raise UserError(
+                f"the study {self.study_name} scored each trial over {before} seed(s), not {self.seeds}; "
+                f"set hydra.sweeper.seeds={before} to continue it, or {again}"
             )
         self._check_same_space(study, self.space)
         seed = None if self.seed is None else self.seed + len(study.trials)
@@ -284,7 +313,7 @@ class OptunaSearch(Sweeper):
         return study
 
     def _check_settings(self) -> None:
-        for key, value in (("n_trials", self.n_trials), ("n_jobs", self.n_jobs)):
+        for key, value in (("n_trials", self.n_trials), ("n_jobs", self.n_jobs), ("seeds", self.seeds)):
             if value < 1:
                 raise UserError(f"hydra.sweeper.{key}={value} must be at least 1")
         subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False).get("subdir")
@@ -327,20 +356,21 @@ class OptunaSearch(Sweeper):
                     )
 
     def _run(self, study: Any, batch: list[Any], rerun: bool, next_job: int) -> list[Any]:
-        """Launch the trials of one batch, then tell Optuna each one's objective (or that it failed)."""
+        """Launch the jobs of one batch of trials (one per trial and seed), then tell Optuna each trial's
+        objective (or that it failed)."""
         import optuna
 
-        jobs = [int(t.user_attrs["job"]) for t in batch]
+        # What a trial ran is its params and the fixed overrides (the storage has no secret's value).
+        runs = [(int(job), trial, overrides) for trial in batch
+                for job, overrides in zip(_jobs(trial.user_attrs), self._run_overrides(trial), strict=True)]  # fmt: skip
         returns = []
         # A launcher numbers the jobs of one call consecutively; reruns keep their own numbers.
-        for first, group in self._consecutive(jobs, batch) if rerun else [(next_job, batch)]:
-            # What a trial ran is its params and the fixed overrides (the storage has no secret's value).
-            overrides = [self._overrides(t.params) for t in group]
-            for trial, job_overrides in zip(group, overrides, strict=True):
-                log.info(f"trial {trial.number} (job {trial.user_attrs['job']}): {' '.join(job_overrides)}")
-            returns += list(self.launcher.launch(overrides, initial_job_idx=first))
+        for first, group in self._consecutive(runs) if rerun else [(next_job, runs)]:
+            for job, trial, overrides in group:
+                log.info(f"trial {trial.number} (job {job}): {' '.join(overrides)}")
+            returns += list(self.launcher.launch([o for _, _, o in group], initial_job_idx=first))
         for trial in batch:
-            value, reason = self._outcome(trial.user_attrs["job"])
+            value, reason, _ = self._trial_outcome(trial.user_attrs)
             if value is None:
                 log.warning(f"trial {trial.number} failed: {reason}")
                 study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
@@ -348,6 +378,15 @@ class OptunaSearch(Sweeper):
                 log.info(f"trial {trial.number}: {self.config.objective.metric}={value:.6g}")
                 study.tell(trial.number, value, skip_if_finished=True)
         return returns
+
+    def _run_overrides(self, trial: Any) -> list[list[str]]:
+        """The overrides of each job of a trial: its params and the fixed ones, and with several seeds its own
+        seed (a fixed `seed=` is where they start, not a value they share)."""
+        overrides = self._overrides(trial.params)
+        seeds = trial.user_attrs.get("seeds")
+        if not seeds:
+            return [overrides]
+        return [[*(o for o in overrides if _key(o) != "seed"), f"seed={seed}"] for seed in seeds]
 
     def _check_same_space(self, study: Any, space: dict[str, Dimension]) -> None:
         """A continued study keeps each parameter's kind and choices (Optuna refuses them changed mid-study)."""
@@ -364,13 +403,14 @@ class OptunaSearch(Sweeper):
                     )
 
     @staticmethod
-    def _consecutive(jobs: list[int], trials: list[Any]) -> list[tuple[int, list[Any]]]:
-        groups: list[tuple[int, list[Any]]] = []
-        for job, trial in sorted(zip(jobs, trials, strict=True), key=lambda pair: pair[0]):
-            if groups and groups[-1][0] + len(groups[-1][1]) == job:
-                groups[-1][1].append(trial)
+    def _consecutive(runs: list[tuple[int, Any, list[str]]]) -> list[tuple[int, list[tuple[int, Any, list[str]]]]]:
+        """Runs (job number first) in launches of consecutive job numbers, each with its first number."""
+        groups: list[tuple[int, list[tuple[int, Any, list[str]]]]] = []
+        for run in sorted(runs, key=lambda run: run[0]):
+            if groups and groups[-1][0] + len(groups[-1][1]) == run[0]:
+                groups[-1][1].append(run)
             else:
-                groups.append((job, [trial]))
+                groups.append((run[0], [run]))
         return groups
 
     # -- the space ----------------------------------------------------------------------------------
@@ -464,6 +504,19 @@ class OptunaSearch(Sweeper):
         where = f"{self.sweep_dir / '.submitit'}" if hasattr(self.launcher, "_EXECUTOR") else "the output above"
         return None, f"the job wrote no result; see its log in {where}"
 
+    def _trial_outcome(self, attrs: dict[str, Any]) -> tuple[float | None, str | None, list[dict[str, Any]]]:
+        """A trial's value (the mean over its seeds' jobs), or why there is none; and each seed's job and value."""
+        runs = []
+        reasons = []
+        for job, seed in zip(_jobs(attrs), attrs.get("seeds") or [None], strict=True):
+            value, reason = self._outcome(job)
+            runs.append({"seed": seed, "job": job, "value": value})
+            if value is None:
+                reasons.append(reason if seed is None else f"seed {seed} (job {job}): {reason}")
+        if reasons:
+            return None, "; ".join(reasons), runs
+        return statistics.fmean(r["value"] for r in runs), None, runs
+
     def _write_results(self, study: Any) -> None:
         import optuna
 
@@ -472,21 +525,27 @@ class OptunaSearch(Sweeper):
             job = t.user_attrs.get("job")
             reason = t.user_attrs.get("reason")
             if t.state == optuna.trial.TrialState.FAIL and reason is None and job is not None:
-                reason = self._outcome(job)[1]
-            trials.append({"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
-                           "job": job, "reason": reason})  # fmt: skip
+                reason = self._trial_outcome(t.user_attrs)[1]
+            trial = {"number": t.number, "state": t.state.name, "value": t.value, "params": t.params, "job": job,
+                     "reason": reason}  # fmt: skip
+            if "seeds" in t.user_attrs:  # each seed's job and value: the spread behind the mean
+                trial |= {"jobs": _jobs(t.user_attrs), "seeds": self._trial_outcome(t.user_attrs)[2]}
+            trials.append(trial)
         best = None
         if any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
             b = study.best_trial
             overrides = b.user_attrs.get("overrides") or self._overrides(b.params)
             best = {"number": b.number, "value": b.value, "params": b.params, "job": b.user_attrs.get("job"),
-                    "command": reproduce_command(overrides)}  # fmt: skip
+                    "command": reproduce_command(overrides, b.user_attrs.get("seeds"))}  # fmt: skip
+            if "seeds" in b.user_attrs:
+                best |= {"jobs": _jobs(b.user_attrs), "seeds": self._trial_outcome(b.user_attrs)[2]}
         objective = {"metric": str(self.config.objective.metric), "direction": str(self.config.objective.direction)}
         summary = {
             "objective": objective,
             "study_name": self.study_name,
             "storage": self.storage,
             "fixed": self.fixed,
+            "seeds": self.seeds,
             "space": {key: dim.describe() for key, dim in self.space.items()},
             "trials": trials,
             "best": best,
@@ -494,6 +553,14 @@ class OptunaSearch(Sweeper):
         self.files.search.write_text(json.dumps(redact(summary), indent=2) + "\n")
         if best is not None:
             job = self.files.job(best["job"])
-            test = (read_json(job.results) or {}).get("test") or {}
+            tests = [(read_json(self.files.job(j).results) or {}).get("test") or {} for j in _jobs(best)]
+            # Over several seeds: each test metric's mean (shown, never used to choose).
+            numbers = [k for k in tests[0] if all(isinstance(t.get(k), int | float) for t in tests)]
+            test = tests[0] if len(tests) == 1 else {k: statistics.fmean(t[k] for t in tests) for k in numbers}
             best_file = {**objective, **best, "job_dir": str(job.path), "test": test}
             self.files.best.write_text(yaml.safe_dump(redact(best_file), sort_keys=False))
+
+
+def _jobs(attrs: dict[str, Any]) -> list[str]:
+    """The job dirs of a trial: one per seed."""
+    return list(attrs.get("jobs") or [attrs["job"]])

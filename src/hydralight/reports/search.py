@@ -5,6 +5,7 @@ written by the search sweeper), ranked by the study's objective, and Optuna's ow
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ class Search:
     space: dict[str, dict[str, Any]]
     trials: list[dict[str, Any]]
     best: dict[str, Any] | None
+    seeds: int = 1  # runs per trial, at seeds seed, seed + 1, ...: a trial's value is their mean
 
     @property
     def params(self) -> list[str]:
@@ -62,6 +64,7 @@ def load_search(sweep_dir: Path) -> Search | None:
         space=dict(data.get("space") or {}),
         trials=list(data.get("trials") or []),
         best=data.get("best"),
+        seeds=int(data.get("seeds") or 1),
     )
 
 
@@ -107,30 +110,37 @@ def search_lines(search: Search, test: dict[str, float | None], test_name: str) 
         "",
         f"Objective: {search.metric}, {search.direction} (a validation metric; {test_name} is reported, not used "
         f"to choose). Study `{search.study_name}`, storage {search.storage or 'in memory'}; "
-        f"{len(search.trials)} trials: {counts or 'none yet'}.",
+        f"{len(search.trials)} trials: {counts or 'none yet'}."
+        + (f" Each trial's value is the mean over {search.seeds} seeds." if search.seeds > 1 else ""),
     ]
     if search.fixed:
         lines += ["", "Every trial: `" + " ".join(search.fixed) + "`"]
     if search.best:
         best = search.best
         shown = " ".join(f"{k}={_value(v)}" for k, v in (best.get("params") or {}).items())
+        jobs = f"jobs {', '.join(best['jobs'])}" if best.get("jobs") else f"job {best.get('job')}"
         lines += [
             "",
-            f"Best: trial {best['number']}, {search.metric}={_value(best.get('value'))}: {shown} (job {best.get('job')})",
+            f"Best: trial {best['number']}, {search.metric}={_value(best.get('value'))}: {shown} ({jobs})",
             "",
             f"Command: `{best.get('command')}`",
         ]
     else:
         lines += ["", "Best: none yet (no trial completed)."]
-    columns = ["trial", "state", search.metric, *params, "job", test_name]
+    seeded = any(t.get("seeds") for t in search.trials)
+    # A trial scored over several seeds: each seed's value beside the mean, its jobs, their mean test metric.
+    columns = ["trial", "state", search.metric, *(["per seed"] if seeded else []), *params, "job", test_name]
     lines += ["", f"Trials, {best_first} {search.metric} first:", ""]
     lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for trial in ranked(search):
         state = trial["state"] + (f": {trial['reason']}" if trial["state"] == "FAIL" and trial.get("reason") else "")
         values = [_value((trial.get("params") or {}).get(k)) for k in params]
-        job = trial.get("job")
-        shown = test.get(str(job)) if job is not None else None
-        cells = [str(trial["number"]), state, _value(trial.get("value")), *values, str(job or "-"), _value(shown)]
+        jobs = [str(j) for j in trial.get("jobs") or ([trial["job"]] if trial.get("job") is not None else [])]
+        found = [v for j in jobs if _finite(v := test.get(j))]
+        shown = statistics.fmean(found) if found and len(found) == len(jobs) else None
+        per_seed = [", ".join(f"{r.get('seed')}: {_value(r.get('value'))}" for r in trial.get("seeds") or [])]
+        cells = [str(trial["number"]), state, _value(trial.get("value")), *(per_seed if seeded else []), *values,
+                 ", ".join(jobs) or "-", _value(shown)]  # fmt: skip
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines
 

@@ -1,17 +1,24 @@
 """Offline report of a sweep: a table (markdown, CSV) and plots, from the files the runs wrote; for a
 hyperparameter search its trials (hydralight.reports.search), for a sweep over world sizes its scaling
 (hydralight.reports.scaling). Every job is judged by its objective (`objective.metric`, in its direction),
-the way a sweeper picks; test metrics are shown, never used to choose."""
+the way a sweeper picks; test metrics are shown, never used to choose.
+
+Jobs that differ only in the keys a report groups over (`seed` by default) are one result: the report shows
+one row per group (mean, sample standard deviation, min, max and n of its finished jobs) and draws each
+group's curves as a mean with a min-max band; one seed alone says little about a setting."""
 
 from __future__ import annotations
 
 import csv
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hydralight.errors import UserError
 from hydralight.reports import plots
 from hydralight.reports.scaling import machine_note, scaling_lines, scaling_points, write_scaling_plot
 from hydralight.reports.search import load_search, search_lines, write_search_plots
@@ -21,6 +28,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 DEFAULT_OBJECTIVE = ("val/acc", "max")
+# Keys whose values make runs of one setting rather than settings of their own.
+DEFAULT_GROUP_OVER = ("seed",)
 
 
 @dataclass
@@ -169,35 +178,168 @@ def _sort_key(job: Job) -> tuple:
     return (job.best is None, sign * (job.best or 0.0), job.name)
 
 
-def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
+def _bare(key: str) -> str:
+    """An override's key without Hydra's prefixes: `+data.split_seed` and `data.split_seed` name one key."""
+    return key.lstrip("+~")
+
+
+@dataclass
+class Spread:
+    """One quantity over the runs of a group: mean, sample standard deviation (n - 1), min, max."""
+
+    values: list[float]
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.values) if self.values else None
+
+    @property
+    def std(self) -> float | None:
+        return statistics.stdev(self.values) if len(self.values) > 1 else None
+
+    def cells(self) -> list[str]:
+        low, high = (min(self.values), max(self.values)) if self.values else (None, None)
+        return [_fmt(self.mean), _fmt(self.std), _fmt(low), _fmt(high)]
+
+
+@dataclass
+class Group:
+    """Jobs that differ only in the keys grouped over: one setting, run once per seed (or split, ...)."""
+
+    jobs: list[Job]
+    overrides: dict[str, str]  # what its jobs share, the grouped keys left out
+
+    @property
+    def counted(self) -> list[Job]:
+        """The jobs its figures are made of: finished, with an objective. A failed one is counted, not averaged."""
+        return [j for j in self.jobs if j.finished and j.best is not None]
+
+    @property
+    def objective(self) -> Spread:
+        return Spread([j.best for j in self.counted if j.best is not None])
+
+    @property
+    def tests(self) -> Spread:
+        return Spread([j.test for j in self.counted if isinstance(j.test, int | float)])
+
+    @property
+    def direction(self) -> str:
+        return self.jobs[0].direction
+
+    def n(self) -> str:
+        """`3`, or `2 of 3, 1 failed`: how many runs the mean is over, and what became of the others."""
+        counted = self.counted
+        if len(counted) == len(self.jobs):
+            return str(len(counted))
+        others: dict[str, int] = {}
+        for job in self.jobs:
+            if job not in counted:
+                status = job.status if not job.finished else f"no {job.metric}"
+                others[status] = others.get(status, 0) + 1
+        return f"{len(counted)} of {len(self.jobs)}, " + ", ".join(f"{n} {s}" for s, n in others.items())
+
+    def row(self, shown_keys: list[str]) -> list[str]:
+        shown = " ".join(f"{k}={self.overrides[k]}" for k in shown_keys if k in self.overrides) or "-"
+        return [shown, self.n(), *self.objective.cells(), *self.tests.cells(), ", ".join(j.name for j in self.jobs)]
+
+
+def group_columns(metric: str) -> list[str]:
+    test = test_metric(metric)
+    stats = ("mean", "std", "min", "max")
+    return ["overrides", "n", *(f"best {metric} {s}" for s in stats), *(f"{test} {s}" for s in stats), "jobs"]
+
+
+def group_jobs(jobs: list[Job], group_over: Sequence[str]) -> list[Group]:
+    """Jobs whose overrides are the same but for the `group_over` keys, one group each, in the order of
+    their first job; sorted by the mean objective in its direction, groups without one last."""
+    over = {_bare(k) for k in group_over}
+    groups: dict[tuple, Group] = {}
+    for job in jobs:
+        shared = {k: v for k, v in job.overrides.items() if _bare(k) not in over}
+        groups.setdefault(tuple(sorted(shared.items())), Group([], shared)).jobs.append(job)
+
+    def key(group: Group) -> tuple:
+        mean = group.objective.mean
+        sign = -1.0 if group.direction == "max" else 1.0
+        return (mean is None, sign * (mean or 0.0))
+
+    return sorted(groups.values(), key=key)  # stable: ties keep the order of their first job
+
+
+def check_group_over(jobs: list[Job], group_over: Sequence[str], sweep_dir: Path) -> None:
+    """A key named to group over that no job sets is a typo, or the wrong sweep: one line, nothing written."""
+    given = {_bare(k) for job in jobs for k in job.overrides}
+    if missing := [k for k in group_over if _bare(k) not in given]:
+        swept = ", ".join(swept_keys(jobs)) or "none"
+        raise UserError(
+            f"--group-over {','.join(missing)}: no job of {sweep_dir} sets {' or '.join(missing)} "
+            f"(its swept keys: {swept}); name keys the sweep varies, or --group-over none for one row per job"
+        )
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def write_report(
+    sweep_dir: Path, out_dir: Path | None = None, group_over: Sequence[str] | None = None
+) -> dict[str, Any]:
     """Write report.md, report.csv, heatmap.png (two swept parameters) and curves.png; for a search (a
     search.json in the sweep dir) its section and its plots; for jobs that differ in world size scaling.png
-    and an efficiency table. Return a summary."""
+    and an efficiency table. Return a summary.
+
+    Jobs that differ only in `group_over` keys (None: `seed`, when the sweep varies it; a key given that no
+    job sets is refused) are one row each group in report.md and report.csv, the per-job table below them
+    in report.md and in report_jobs.csv; curves.png draws each group's mean with its min-max band."""
     jobs = [load_job(outcome) for outcome in find_jobs(sweep_dir)]
+    if group_over is None:
+        group_over = DEFAULT_GROUP_OVER
+    else:
+        check_group_over(jobs, group_over, sweep_dir)
     out_dir = out_dir or sweep_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
     swept = swept_keys(jobs)
+    grouped_keys = [k for k in swept if _bare(k) in {_bare(g) for g in group_over}]
+    groups = group_jobs(jobs, grouped_keys) if grouped_keys else []
+    shown_keys = [k for k in swept if k not in grouped_keys]
     metric, direction = next(((j.metric, j.direction) for j in jobs if j.finished), (jobs[0].metric, jobs[0].direction))
     done = sorted((j for j in jobs if j.finished), key=_sort_key)
     pending = [j for j in jobs if not j.finished]
     failed = [j for j in pending if j.status in FAILED]
     rows = [j.row(swept) for j in done] + [j.row(swept) for j in pending]
     header = columns(metric)
+    group_rows = [g.row(shown_keys) for g in groups]
 
-    with (out_dir / "report.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = [(out_dir / "report.csv", group_columns(metric), group_rows), (out_dir / "report_jobs.csv", header, rows)]
+    for path, head, body in tables if groups else [(out_dir / "report.csv", header, rows)]:
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(head)
+            writer.writerows(body)
     best_first = "highest" if direction == "max" else "lowest"
-    lines = [
-        f"# Sweep report: {sweep_dir.name}",
-        "",
-        f"{len(done)} of {len(jobs)} jobs finished, sorted by best {metric} ({best_first} first; "
-        f"{test_metric(metric)} is reported, not used to choose).",
-        "",
-    ]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines = [f"# Sweep report: {sweep_dir.name}", ""]
+    if groups:
+        lines += [
+            f"{len(done)} of {len(jobs)} jobs finished, in {len(groups)} groups of jobs that differ only in "
+            f"{', '.join(grouped_keys)}; sorted by the mean best {metric} ({best_first} first; "
+            f"{test_metric(metric)} is reported, not used to choose). Mean, sample standard deviation (n - 1), "
+            "min and max over each group's finished jobs; n counts them, and the jobs that failed or have not "
+            "finished are named beside it, not averaged.",
+            "",
+            *_table(group_columns(metric), group_rows),
+            "",
+            "## Jobs",
+            "",
+            f"Every job, sorted by best {metric} ({best_first} first):",
+            "",
+        ]
+    else:
+        lines += [
+            f"{len(done)} of {len(jobs)} jobs finished, sorted by best {metric} ({best_first} first; "
+            f"{test_metric(metric)} is reported, not used to choose).",
+            "",
+        ]
+    lines += _table(header, rows)
     if failed:
         lines += ["", "Failed: " + "; ".join(f"{j.name} ({j.status}: {j.reason or '-'})" for j in failed)]
     for status in ("running", "never started"):
@@ -206,10 +348,18 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Any]
     search = load_search(sweep_dir)
     written = []
     # A search's values rarely repeat: its grid would be mostly empty (its own plots follow).
-    if search is None and len(swept) >= 2 and done:
-        written.append(plots.save(heatmap_figure(done, swept[0], swept[1]), out_dir / "heatmap.png"))
+    if search is None and len(shown_keys) >= 2 and done:
+        if groups:
+            cells = [(g.overrides, g.objective.mean, g.tests.mean) for g in groups if g.counted]
+            label = f"mean best {metric} over {', '.join(grouped_keys)}"
+        else:
+            cells = [(j.overrides, j.best, j.test) for j in done]
+            label = f"best {metric}"
+        figure = heatmap_figure(cells, shown_keys[0], shown_keys[1], label, direction)
+        written.append(plots.save(figure, out_dir / "heatmap.png"))
     if any(j.train_loss or j.validation for j in jobs):
-        written.append(plots.save(curves_figure(jobs, swept), out_dir / "curves.png"))
+        figure = group_curves_figure(groups, shown_keys, grouped_keys) if groups else curves_figure(jobs, swept)
+        written.append(plots.save(figure, out_dir / "curves.png"))
     lines += [""] + [f"![{p.stem}]({p.name})" for p in written]
     if search is not None:
         found = write_search_plots(search, sweep_dir, out_dir)
@@ -221,9 +371,10 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> dict[str, Any]
         written.append(write_scaling_plot(points, note, out_dir))
         lines += ["", *scaling_lines(points, note), "", "![scaling](scaling.png)"]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")
+    csvs = [path for path, _, _ in tables] if groups else [out_dir / "report.csv"]
     return {"jobs": len(jobs), "finished": len(done), "pending": [j.name for j in pending], "rows": rows,
-            "swept": swept, "search": search, "scaling": points,
-            "files": [out_dir / "report.md", out_dir / "report.csv", *written]}  # fmt: skip
+            "swept": swept, "group_over": grouped_keys, "groups": groups, "group_rows": group_rows,
+            "search": search, "scaling": points, "files": [out_dir / "report.md", *csvs, *written]}  # fmt: skip
 
 
 def _sortable(value: str) -> tuple:
@@ -231,18 +382,20 @@ def _sortable(value: str) -> tuple:
     return (0, number, "") if number is not None else (1, 0.0, value)
 
 
-def heatmap_figure(jobs: list[Job], x_key: str, y_key: str) -> Figure:
-    """The best objective of a grid sweep over two parameters, one cell per pair of values."""
-    xs = sorted({j.overrides.get(x_key, "-") for j in jobs}, key=_sortable)
-    ys = sorted({j.overrides.get(y_key, "-") for j in jobs}, key=_sortable)
+def heatmap_figure(
+    cells: list[tuple[dict[str, str], float | None, float | None]], x_key: str, y_key: str, label: str, direction: str
+) -> Figure:
+    """A grid sweep over two parameters, one cell per pair of values: (overrides, objective, test) of each job
+    or group; the test value fills a cell only where the objective is missing."""
+    xs = sorted({overrides.get(x_key, "-") for overrides, _, _ in cells}, key=_sortable)
+    ys = sorted({overrides.get(y_key, "-") for overrides, _, _ in cells}, key=_sortable)
     grid = [[math.nan] * len(xs) for _ in ys]
-    for job in jobs:
-        value = job.best if job.best is not None else job.test
+    for overrides, best, test in cells:
+        value = best if best is not None else test
         if value is not None:
-            grid[ys.index(job.overrides.get(y_key, "-"))][xs.index(job.overrides.get(x_key, "-"))] = value
-    metric = jobs[0].metric if jobs else DEFAULT_OBJECTIVE[0]
+            grid[ys.index(overrides.get(y_key, "-"))][xs.index(overrides.get(x_key, "-"))] = value
     fig, (ax,) = plots.figure(1.6 + 1.2 * len(xs), 1.2 + 0.8 * len(ys))
-    image = ax.imshow(grid, cmap="viridis" if jobs and jobs[0].direction == "max" else "viridis_r", aspect="auto")
+    image = ax.imshow(grid, cmap="viridis" if direction == "max" else "viridis_r", aspect="auto")
     ax.set_xticks(range(len(xs)), [plots.short(x) for x in xs])
     ax.set_yticks(range(len(ys)), [plots.short(y) for y in ys])
     ax.set_xlabel(x_key)
@@ -251,8 +404,8 @@ def heatmap_figure(jobs: list[Job], x_key: str, y_key: str) -> Figure:
         for c, value in enumerate(row):
             if not math.isnan(value):
                 ax.text(c, r, f"{value:.4f}", ha="center", va="center", color="white", fontsize=9)
-    fig.colorbar(image, ax=ax, label=f"best {metric}")
-    ax.set_title(f"best {metric}")
+    fig.colorbar(image, ax=ax, label=label)
+    ax.set_title(label)
     return fig
 
 
@@ -272,14 +425,60 @@ def curves_figure(jobs: list[Job], swept: list[str]) -> Figure:
         valid.plot([s for s, _ in job.validation], [v for _, v in job.validation], marker="o",
                    color=line[0].get_color())  # fmt: skip
         drawn_any.append(line[0])
-    losses = [v for j in jobs for _, v in j.train_loss]
+    _finish_curves(fig, loss, valid, metric, [v for j in jobs for _, v in j.train_loss], drawn_any, "")
+    return fig
+
+
+def mean_band(runs: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """At each step any run logged: the mean, min and max over the runs that logged it (a run's last value
+    at a step it logged twice)."""
+    by_step: dict[int, list[float]] = {}
+    for points in runs:
+        for step, value in dict(points).items():
+            by_step.setdefault(step, []).append(value)
+    steps = sorted(by_step)
+    return (steps, [statistics.fmean(by_step[s]) for s in steps], [min(by_step[s]) for s in steps],
+            [max(by_step[s]) for s in steps])  # fmt: skip
+
+
+def group_curves_figure(groups: list[Group], shown: list[str], over: list[str]) -> Figure:
+    """Training loss and the objective against the optimizer step, one colour per group: the mean over its
+    finished jobs and a band from their min to their max (with a few seeds the range shows every run, where
+    a standard deviation would be a guess)."""
+    metric = groups[0].jobs[0].metric if groups else DEFAULT_OBJECTIVE[0]
+    fig, (loss, valid) = plots.figure(12.5, 4.5, ncols=2)
+    valid.sharex(loss)
+    drawn_any = []
+    for number, group in enumerate(groups):
+        runs = [j for j in group.counted if j.train_loss or j.validation]
+        if not runs:
+            continue
+        label = " ".join(f"{k}={plots.short(group.overrides.get(k))}" for k in shown) or f"group {number + 1}"
+        colour = f"C{number % 10}"
+        for ax, series, marker in (
+            (loss, [j.train_loss for j in runs], "."),
+            (valid, [j.validation for j in runs], "o"),
+        ):
+            steps, mean, low, high = mean_band(series)
+            shown_marker = marker if ax is valid or len(steps) < 30 else None  # few points: each one shown
+            line = ax.plot(steps, mean, marker=shown_marker, color=colour, label=f"{label} (n={len(runs)})")
+            ax.fill_between(steps, low, high, color=colour, alpha=0.2, linewidth=0)
+            if ax is loss:
+                drawn_any.append(line[0])
+    note = f": mean over {', '.join(over) or 'runs'}, band min-max"
+    _finish_curves(fig, loss, valid, metric, [v for g in groups for j in g.counted for _, v in j.train_loss],
+                   drawn_any, note)  # fmt: skip
+    return fig
+
+
+def _finish_curves(fig: Figure, loss: Any, valid: Any, metric: str, losses: list[float], handles: list[Any],
+                   note: str) -> None:  # fmt: skip
     if plots.log_scale_fits(losses) and max(losses) >= 10 * min(losses):
         loss.set_yscale("log")  # losses that fall by orders of magnitude; a narrower range reads better linear
     for ax, name in ((loss, "training loss"), (valid, metric)):
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-        ax.set_title(f"{name} per optimizer step")
-    if drawn_any:
-        fig.legend(handles=drawn_any, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-    return fig
+        ax.set_title(f"{name} per optimizer step{note}")
+    if handles:
+        fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
