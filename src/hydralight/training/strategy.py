@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
+import signal
 import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from pytorch_lightning.strategies import DDPStrategy, Strategy
@@ -22,6 +28,10 @@ from hydralight.lightning_internals import PlannedRanksDDP
 
 # Rank processes this process started for the current job, waited for when the job ends.
 _children: list[subprocess.Popen] = []
+# The pid of the rank that starts the others, as they find it in their environment: they stop when it is gone.
+LAUNCHER_PID = "HYDRALIGHT_LAUNCHER_PID"
+# How long a stopping launcher waits for the ranks it started before it kills them.
+STOP_GRACE_S = 10.0
 
 
 class JobDDPStrategy(PlannedRanksDDP):
@@ -59,17 +69,27 @@ def build_strategy(plan: RunPlan, plan_file: Path) -> str | Strategy:
 
 @contextlib.contextmanager
 def job_scope(child_timeout_s: float = 120) -> Iterator[None]:
-    """Leave this process as the job found it, so the next job of a sweep starts clean.
+    """Leave this process as the job found it, so the next job of a sweep starts clean; and tie the job's
+    ranks together while they start: none outlives the rank that launched it.
 
     A DDP job sets MASTER_PORT, LOCAL_RANK, WORLD_SIZE... in os.environ and opens a process group;
     left in place, the next job would believe it was started by an external launcher and spawn nobody.
     """
     saved = dict(os.environ)
+    launcher = os.environ.get(LAUNCHER_PID)
+    if launcher is not None and int(launcher) != os.getpid():
+        exit_when_gone(int(launcher))  # a rank this job's launcher started
+        restore_signals = None
+    else:
+        os.environ[LAUNCHER_PID] = str(os.getpid())
+        restore_signals = _forward_stop_signals()
     try:
         yield
     finally:
         import torch.distributed as dist
 
+        if restore_signals is not None:
+            restore_signals()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
         os.environ.clear()
@@ -80,3 +100,125 @@ def job_scope(child_timeout_s: float = 120) -> Iterator[None]:
                 child.wait(timeout=child_timeout_s)
             except subprocess.TimeoutExpired:
                 child.kill()
+
+
+def _forward_stop_signals() -> Any:
+    """SIGTERM and SIGINT reach the ranks this process started before they reach it; returns what restores the
+    handlers found.
+
+    A rank still importing, or waiting at the process-group rendezvous for a launcher that is gone, would
+    otherwise go on alone (for the rendezvous timeout, 30 minutes by default). The ranks get SIGTERM whatever
+    arrived here: until they train they have no handler of their own, and the default action stops them even
+    inside the rendezvous. Once training, the Preemption callback owns these signals and stops every rank at a
+    step boundary; this handler is then not the one installed, and does nothing.
+
+    A Python handler runs only when the main thread runs Python, and this one waits in the rendezvous for the
+    ranks it started (while they import torch, seconds). So the signal also wakes a thread (signal.set_wakeup_fd),
+    which stops the ranks at once and, if the main thread is still stuck, ends this process."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # only the main thread may set handlers
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    lock, handled = threading.Lock(), threading.Event()
+
+    def stop_once() -> None:
+        with lock:
+            if not getattr(stop_once, "done", False):
+                stop_once.done = True  # type: ignore[attr-defined]
+                stop_children(signal.SIGTERM, STOP_GRACE_S)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        handled.set()
+        stop_once()
+        then = previous[signum]
+        if callable(then):
+            then(signum, frame)
+        elif then == signal.SIG_DFL:  # end as the signal would have ended this process
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for signum in previous:
+        signal.signal(signum, forward)
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    earlier_wake = signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
+    if earlier_wake != -1:  # someone else listens (an event loop): leave it to them, the handler still forwards
+        signal.set_wakeup_fd(earlier_wake)
+        os.close(woken), os.close(wake)
+        woken = wake = -1
+
+    def watch() -> None:
+        with os.fdopen(woken, "rb", buffering=0) as signals:
+            while received := signals.read(1):
+                signum = received[0]
+                if signal.getsignal(signum) is not forward:
+                    continue  # another owner now (Lightning's, the Preemption callback's)
+                stop_once()
+                if not handled.wait(timeout=2.0):
+                    print(f"stopped by {signal.Signals(signum).name} while starting", file=sys.stderr, flush=True)
+                    os._exit(128 + signum)
+
+    if woken != -1:
+        threading.Thread(target=watch, daemon=True, name="stop-signal-watch").start()
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) is forward:
+                signal.signal(signum, handler)
+        if wake != -1:
+            signal.set_wakeup_fd(-1)
+            os.close(wake)  # the watcher reads the end of the pipe and stops
+
+    return restore
+
+
+def stop_children(signum: int, grace_s: float) -> None:
+    """Send `signum` to the ranks this process started that still run, wait up to `grace_s` for them, kill the rest."""
+    running = [child for child in _children if child.poll() is None]
+    for child in running:
+        child.send_signal(signum)
+    deadline = time.monotonic() + grace_s
+    for child in running:
+        try:
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+def exit_when_gone(pid: int) -> None:
+    """End this process as soon as process `pid` (the rank that started it) has ended, whatever this one is
+    doing: importing, building, or blocked at the rendezvous (a watcher thread, which runs while torch waits).
+    Normally the launcher outlives its ranks: it waits for them when the job ends."""
+
+    def gone() -> None:
+        print(
+            f"error: the rank that started this one (pid {pid}) has ended; rank {os.environ.get('LOCAL_RANK', '?')} "
+            "stops too",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+    try:
+        handle = os.pidfd_open(pid)  # Linux: readable once the process has ended, a zombie included
+    except ProcessLookupError:
+        gone()
+    except (AttributeError, OSError):  # no pidfd here: look every second
+        threading.Thread(target=_poll_until_gone, args=(pid, gone), daemon=True, name="launcher-watch").start()
+        return
+
+    def watch() -> None:
+        select.select([handle], [], [])
+        gone()
+
+    threading.Thread(target=watch, daemon=True, name="launcher-watch").start()
+
+
+def _poll_until_gone(pid: int, gone: Any) -> None:
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            gone()
+        except PermissionError:
+            pass  # alive, another user's: cannot be ours, but it is there
+        time.sleep(1.0)
