@@ -221,7 +221,10 @@ def test_a_trial_over_several_seeds_is_scored_by_their_mean(tiny_data, tmp_path)
     report = write_report(sweep_dir)
     assert sorted(round(float(r[2]), 4) for r in report["group_rows"]) == sorted(round(t["value"], 4) for t in found)
     assert {r[1] for r in report["group_rows"]} == {"2"}
-    assert "Each trial's value is the mean over 2 seeds." in (sweep_dir / "report.md").read_text()
+    text = (sweep_dir / "report.md").read_text()
+    assert "Each trial's value is the mean over 2 seeds." in text and "| trial | state | val/acc | per seed |" in text
+    first = found[0]["seeds"]
+    assert f"{first[0]['seed']}: {first[0]['value']:.6g}, {first[1]['seed']}: {first[1]['value']:.6g}" in text
     # A continued study keeps its seeds; searching the seed itself cannot be averaged over seeds.
     fewer = search(["hydra.sweeper.n_trials=3", "hydra.sweeper.seeds=1", "seed=7"], sweep_dir, tiny_data)
     assert "scored each trial over 2 seed(s), not 1" in one_line(fewer)

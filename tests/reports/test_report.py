@@ -478,6 +478,16 @@ def test_group_curves_are_the_mean_of_the_seeds_with_a_min_max_band(tmp_path):
     assert "mean over seed, band min-max" in acc.get_title()
 
 
+def test_groups_of_an_objective_to_minimise_come_lowest_mean_first(tmp_path):
+    write_seed_sweep(tmp_path)
+    jobs = jobs_of(tmp_path)
+    for job in jobs:
+        job.direction = "min"
+    groups = group_jobs(jobs, ["seed"])
+    means = [g.objective.mean for g in groups]
+    assert means == sorted(means) and means[0] == pytest.approx(min(statistics.fmean(v) for v in SEED_VALS.values()))
+
+
 def test_group_over_other_keys_and_a_key_no_job_sets(tmp_path):
     # 2 learning rates x 2 seeds x 2 data splits: grouped over both, 4 runs a setting; over the split alone, 2.
     values = {}
