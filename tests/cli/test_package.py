@@ -1,5 +1,5 @@
-"""The project as an installed package: the wheel carries the configs, and a non-editable install runs from
-any folder, with no source checkout in sight."""
+"""The project as a package: `python -m hydralight` is the entrypoint, the wheel carries the configs, and a
+non-editable install runs from any folder, with no source checkout in sight."""
 
 import json
 import os
@@ -8,13 +8,40 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
 
-pytestmark = pytest.mark.slow
+
+def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m ...` in a fresh interpreter: what `-m` runs as `__main__` is the point of these tests."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
+def test_python_m_hydralight_prints_the_composed_config(tmp_path):
+    printed = run_module("hydralight", "--cfg", "job", "hardware=cpu", "optim.lr=0.0123", cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    assert "accelerator: cpu" in printed.stdout and "lr: 0.0123" in printed.stdout, printed.stdout
+    # The same config as the entrypoint's other form, and nothing written for a printout.
+    other = run_module("hydralight.train", "--cfg", "job", "hardware=cpu", "optim.lr=0.0123", cwd=tmp_path)
+    assert other.returncode == 0 and printed.stdout == other.stdout, other.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow  # resolving the plan imports torch: over 4 s on a busy 2-core machine
+def test_python_m_hydralight_prints_the_plan(tmp_path):
+    planned = run_module("hydralight", "plan=true", "hardware=cpu", "batch.global_size=64", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    assert "Run plan" in planned.stdout, planned.stdout
+    rows = {tuple(line.split()[-2:]) for line in planned.stdout.replace("│", " ").splitlines() if line.strip()}
+    assert ("accelerator", "cpu") in rows and ("global_size", "64") in rows, planned.stdout
+    # A plan starts no run: no run dir is left behind.
+    assert not list(tmp_path.glob("outputs/*/*")), sorted(tmp_path.rglob("*"))
+
+
+@pytest.mark.slow
 def test_an_installed_wheel_runs_from_any_folder(tiny_data, tmp_path):
     # Built from a copy: setuptools leaves build/ and egg-info folders next to the sources it builds.
     source = tmp_path / "source"
