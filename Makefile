@@ -30,17 +30,18 @@ test: ## the whole test suite, slow tests included (what CI runs)
 test-fast: ## the quick tests only
 	$(BIN)/python -m pytest -ra $(PARALLEL) -m "not slow" $(ARGS)
 
-lint: ## ruff check, format check and the import contract (layers, no cycles; pyproject.toml)
+lint: ## ruff check, format check, the import contract (layers, no cycles) and mypy (pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 format: ## apply ruff's formatting and safe fixes
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
 clean: ## remove run outputs and caches (not the data, not .venv)
-	rm -rf outputs multirun lightning_logs .pytest_cache .ruff_cache
+	rm -rf outputs multirun lightning_logs .pytest_cache .ruff_cache .mypy_cache
 
 slurm-up: ## start a local SLURM cluster (root, Debian/Ubuntu; idempotent); NODES=2 adds 2 nodes, partition multi
 	NODES=$(or $(NODES),1) bash scripts/slurm_up.sh

@@ -7,7 +7,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -16,6 +16,11 @@ EXIT_USER_ERROR = 2
 
 class UserError(Exception):
     """A problem with the user's input (config, hardware, data, checkpoint), with the fix in the message."""
+
+    # Set on a refusal by whoever knows (the entrypoint reads them): refused before the run recorded a result,
+    # and its run dir is to go.
+    before_any_result: bool = False
+    discard_run_dir: bool = False
 
 
 def exit_on_user_error(fn: F) -> F:
@@ -37,7 +42,7 @@ def exit_on_user_error(fn: F) -> F:
             # SystemExit passes through Hydra's own error reporting untouched.
             raise SystemExit(EXIT_USER_ERROR) from None
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)
 
 
 def _message(err: Exception) -> str:

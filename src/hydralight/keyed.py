@@ -101,6 +101,9 @@ class SampleDropout(nn.Module):
         return f"p={self.p}, stream={self.stream}" + (", channels" if self.channels else "")
 
 
+_DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+
+
 def with_sample_dropout(net: nn.Module) -> nn.Module:
     """Replace torch's dropout layers (nn.Dropout, nn.Dropout1d/2d/3d) by SampleDropout, each with its own
     stream; the weights are untouched (dropout has none), so checkpoints load either way."""
@@ -109,7 +112,8 @@ def with_sample_dropout(net: nn.Module) -> nn.Module:
     def convert(module: nn.Module) -> None:
         nonlocal stream
         for name, child in module.named_children():
-            if type(child) in (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d):
+            # Exactly these classes (isinstance too, for the type checker): a subclass may do more than drop.
+            if isinstance(child, _DROPOUTS) and type(child) in _DROPOUTS:
                 stream += 1
                 setattr(module, name, SampleDropout(child.p, stream, channels=type(child) is not nn.Dropout))
             else:
@@ -159,13 +163,15 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
         mean = totals[:channels] / count
         centered = x - mean.view(shape)
         var = all_reduce((centered * centered).sum(dims)) / count
-        if self.track_running_stats:
+        # torch types the buffers as optional: they exist when running statistics are tracked.
+        tracked, running_mean, running_var = self.num_batches_tracked, self.running_mean, self.running_var
+        if self.track_running_stats and tracked is not None and running_mean is not None and running_var is not None:
             with torch.no_grad():
-                self.num_batches_tracked += 1
-                momentum = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+                tracked.add_(1)
+                momentum = self.momentum if self.momentum is not None else 1.0 / float(tracked)
                 unbiased = var * count / (count - 1).clamp_min(1.0)
-                self.running_mean.lerp_(mean.detach(), momentum)
-                self.running_var.lerp_(unbiased.detach(), momentum)
+                running_mean.lerp_(mean.detach(), momentum)
+                running_var.lerp_(unbiased.detach(), momentum)
         y = centered * torch.rsqrt(var.view(shape) + self.eps)
         if self.affine:
             y = y * self.weight.view(shape).to(x.dtype) + self.bias.view(shape).to(x.dtype)
@@ -176,10 +182,13 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
             raise ValueError(f"expected at least 2D input (got {x.dim()}D input)")
 
 
+_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
 def with_global_batchnorm(net: nn.Module) -> nn.Module:
     """Replace BatchNorm1d/2d/3d layers by GlobalBatchNorm, keeping their parameters and statistics."""
     for name, child in net.named_children():
-        if type(child) in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
+        if isinstance(child, _BATCHNORMS) and type(child) in _BATCHNORMS:  # as for dropout: not subclasses
             replacement = GlobalBatchNorm(
                 child.num_features, child.eps, child.momentum, child.affine, child.track_running_stats
             )

@@ -11,11 +11,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytorch_lightning as pl
 from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+if TYPE_CHECKING:
+    from pytorch_lightning.loops.progress import _ProcessedTracker
 
 # -- weight averaging -------------------------------------------------------------------------------------
 
@@ -38,7 +41,8 @@ def swap_average(callback: Any, module: pl.LightningModule) -> None:
 def micro_batches_done(trainer: pl.Trainer) -> int:
     """Micro-batches trained in the current epoch (a resumable loader's position). The loop's progress
     counters have no public accessor; `trainer.fit_loop.epoch_loop.batch_progress.current.processed`."""
-    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+    # Typed as the tracker base class; the batch progress holds a `_ProcessedTracker`.
+    return cast("_ProcessedTracker", trainer.fit_loop.epoch_loop.batch_progress.current).processed
 
 
 def epoch_complete(trainer: pl.Trainer) -> bool:

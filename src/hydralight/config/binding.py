@@ -51,17 +51,17 @@ def accepted_arguments(target: Any) -> tuple[set[str], bool]:
             return set(), True
         names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         return names, any(p.kind is p.VAR_KEYWORD for p in params)
-    names: set[str] = set()
+    taken: set[str] = set()
     for klass in target.__mro__:
         if "__init__" not in vars(klass):
             continue
         if f"{klass.__module__}.{klass.__qualname__}" in GENERIC_BASES:
-            return names, False
-        params = list(inspect.signature(klass.__init__).parameters.values())
-        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            return names, False
-    return names, True
+            return taken, False
+        init = list(inspect.signature(vars(klass)["__init__"]).parameters.values())
+        taken |= {p.name for p in init if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+        if not any(p.kind is p.VAR_KEYWORD for p in init):
+            return taken, False
+    return taken, True
 
 
 def bind(

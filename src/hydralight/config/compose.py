@@ -207,7 +207,7 @@ def compose_jobs(
                 raise ValueError("another sweeper draws its own values")
             jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
         except Exception:  # glob() over groups, another sweeper: check the config the sweep starts from
-            jobs = [[o.input_line for o in parsed if not o.is_sweep_override()]]
+            jobs = [[o.input_line for o in parsed if o.input_line is not None and not o.is_sweep_override()]]
     configs = []
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         for number, job in enumerate(jobs):
@@ -237,14 +237,12 @@ def mode_known(mode: Any) -> Iterator[None]:
     """While Hydra starts the run: Hydra 1.3 composes the whole config once more only to read `hydra.mode`
     (`_run_hydra` -> the private `Hydra.get_mode`); compose_jobs has read it already, so Hydra is told.
     tests/config/test_schema.py counts the compositions of a run."""
+    from unittest import mock
+
     from hydra._internal.hydra import Hydra
 
-    asked = Hydra.get_mode
-    Hydra.get_mode = lambda self, config_name, overrides: mode  # type: ignore[method-assign]
-    try:
+    with mock.patch.object(Hydra, "get_mode", lambda self, config_name, overrides: mode):
         yield
-    finally:
-        Hydra.get_mode = asked  # type: ignore[method-assign]
 
 
 def _added_to_a_schema(cfg: DictConfig) -> str | None:
@@ -257,7 +255,7 @@ def _added_to_a_schema(cfg: DictConfig) -> str | None:
         kind = OmegaConf.get_type(node)
         names = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
         for key in node:
-            where = f"{path}{key}"
+            where = path + str(key)
             if names is not None and path and key not in names:
                 return where
             if names is not None and (found := walk(node._get_node(key), f"{where}.")):

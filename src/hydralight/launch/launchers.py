@@ -98,6 +98,7 @@ class PlannedLauncherMixin:
     params: dict[str, Any]
     config: DictConfig | None
     hydra_context: Any
+    task_function: Any
 
     def __call__(
         self,
@@ -146,7 +147,7 @@ class PlannedLauncherMixin:
         base = {k if k in generic else f"{self._EXECUTOR}_{k}": v for k, v in params.items() if k not in RESOURCE_KEYS}
 
         # Group jobs by what they ask for: one array submission per distinct request.
-        groups: dict[tuple, list[int]] = defaultdict(list)
+        groups: dict[tuple[tuple[str, Any], ...], list[int]] = defaultdict(list)
         arguments = []
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
@@ -172,13 +173,14 @@ class PlannedLauncherMixin:
         if dry_run:
             writer = script_writer(folder, self._EXECUTOR, max_num_timeout)
             return self._write_scripts(writer, base, groups, sweep_dir, initial_job_idx)
+        assert executor is not None  # made for every run but a dry one
         jobs: list[Any] = [None] * len(arguments)
-        for resources, indices in groups.items():
-            executor.update_parameters(**base, **dict(resources))
+        for request, indices in groups.items():
+            executor.update_parameters(**base, **dict(request))
             try:
                 submitted = executor.map_array(self, *zip(*[arguments[i] for i in indices], strict=True))
             except Exception as err:  # sbatch said no: bad partition, resources the cluster does not have
-                asked = ", ".join(f"{k}={v}" for k, v in resources if v is not None)
+                asked = ", ".join(f"{k}={v}" for k, v in request if v is not None)
                 raise UserError(f"SLURM refused the job ({asked}): {sbatch_refusal(err)}") from None
             for i, job in zip(indices, submitted, strict=True):
                 jobs[i] = job

@@ -75,12 +75,13 @@ class LastCheckpoint(Checkpoint):
         align_logging_step(trainer)
 
     def _time_due(self) -> int:
-        return int(time.monotonic() - self._last_save >= 60 * self.every_minutes)  # type: ignore[operator]
+        # Registered only when every_minutes is set.
+        return int(self.every_minutes is not None and time.monotonic() - self._last_save >= 60 * self.every_minutes)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         if not at_step_boundary(trainer, args[-1]):
             return
-        due = bool(self.every_n_steps) and trainer.global_step % self.every_n_steps == 0
+        due = bool(self.every_n_steps and trainer.global_step % self.every_n_steps == 0)
         if self.every_minutes:
             # Clocks differ between ranks: rank 0's decides, agreed with the other step-boundary decisions.
             due = agreement(trainer).agreed(trainer, pl_module)["save_due"] > 0 or due

@@ -124,17 +124,17 @@ class ResumeState(pl.Callback):
                             "trainer.max_epochs/max_steps as they were to continue it, or start a new run from its "
                             f"weights with a fresh schedule: init_from={source} resume=never"
                         )
-        new = pl_module.hparams.get("lr")
-        changed = self._saved_lr is not None and new is not None and new != self._saved_lr
+        saved_lr, new = self._saved_lr, pl_module.hparams.get("lr")
+        changed = (saved_lr, new) if saved_lr is not None and new is not None and new != saved_lr else None
         if changed and trainer.lr_scheduler_configs:
             raise UserError(
-                f"the learning rate {new:g} differs from {self._saved_lr:g} that {source} was trained with, and its "
+                f"the learning rate {new:g} differs from {saved_lr:g} that {source} was trained with, and its "
                 "schedule set its rates when it started; keep optim.lr (and batch.global_size, with lr scaling) as "
                 f"they were, or start a new run from its weights with a fresh optimizer: init_from={source} resume=never"
             )
         self._something_to_train(trainer)
         if changed:
-            self._apply_lr = (self._saved_lr, new)
+            self._apply_lr = changed
 
     def _something_to_train(self, trainer: pl.Trainer) -> None:
         """A finished run continued with a budget it already reached would only test and record again: refused,
@@ -152,7 +152,7 @@ class ResumeState(pl.Callback):
                 "already reaches; raise it (or set it to -1 to leave the other budget to decide) to train on; the "
                 "run's results are left as they were"
             )
-            refused.before_any_result = True  # type: ignore[attr-defined]
+            refused.before_any_result = True
             raise refused
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

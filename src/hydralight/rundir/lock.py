@@ -40,7 +40,8 @@ class _Lease(SoftFileLease):
 
     # filelock writes its record through this method, both when it creates the marker and when it takes one
     # over; tests/rundir/test_run_lock.py fails if the line stops reaching the marker.
-    def _write_lock_info(self, fd: int) -> None:
+    # (mypy: filelock's own marker lock already turns the base's static method into this instance method.)
+    def _write_lock_info(self, fd: int) -> None:  # type: ignore[override]
         super()._write_lock_info(fd)
         started = datetime.now(UTC).isoformat(timespec="seconds")
         os.write(fd, f"{STARTED}={started}\n".encode())
@@ -104,9 +105,11 @@ class RunDirLock:
                 f"delete {self.path}"
             ) from None
 
-    def _try(self, **wait: float | bool) -> bool:
+    def _try(
+        self, timeout: float | None = None, poll_interval: float | None = None, blocking: bool | None = None
+    ) -> bool:
         try:
-            self._lease.acquire(**wait)
+            self._lease.acquire(timeout=timeout, poll_interval=poll_interval, blocking=blocking)
         except Timeout:
             return False
         return True

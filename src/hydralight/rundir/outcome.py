@@ -42,8 +42,9 @@ class JobOutcome:
         never validated it."""
         objective = (self.results or {}).get("objective") or {}
         value = objective.get("value")
-        finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        return objective.get("metric"), float(value) if finite else None
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return objective.get("metric"), float(value)
+        return objective.get("metric"), None
 
 
 def _overrides(items: Any) -> dict[str, str]:

@@ -62,7 +62,7 @@ class ObjectiveLogged(pl.Callback):
             f"objective.metric={self.metric} is not logged in validation by {type(pl_module).__name__} (it logs "
             f"{shown}); set objective.metric to one of them (objective.direction=min for a loss)"
         )
-        refused.before_any_result = True  # type: ignore[attr-defined]  # a new run leaves no run dir
+        refused.before_any_result = True  # a new run leaves no run dir
         raise refused
 
     def state_dict(self) -> dict[str, Any]:

@@ -38,7 +38,8 @@ class SampleKeys(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Only modules with keyed dropout need keys: the others skip computing them every step.
         keyed = any(isinstance(m, SampleDropout) for m in pl_module.modules())
-        self.active = keyed and bool(getattr(trainer.datamodule, "sample_ids", False))
+        # `datamodule` is set on the Trainer by Lightning's data connector, not declared by the class.
+        self.active = keyed and bool(getattr(getattr(trainer, "datamodule", None), "sample_ids", False))
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -111,7 +112,7 @@ class InvarianceCheck(pl.Callback):
         self.into = into
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        report = invariance_report(pl_module, trainer.datamodule, self.sync_batchnorm)
+        report = invariance_report(pl_module, getattr(trainer, "datamodule", None), self.sync_batchnorm)
         self.into["world_size_invariance"] = report
         if not trainer.is_global_zero or report["holds"]:
             return

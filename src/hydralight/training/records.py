@@ -79,9 +79,10 @@ class Throughput(pl.Callback):
 def objective_value(trainer: pl.Trainer, metrics: dict[str, float], metric: str) -> float | None:
     """The best `metric` of the run as the best-checkpoint callback tracked it (over every validation,
     across resumed attempts), else its last value; None when the run never validated it."""
-    chosen = trainer.checkpoint_callback
-    if chosen is not None and getattr(chosen, "monitor", None) == metric and chosen.best_model_score is not None:
-        value = float(chosen.best_model_score)
+    chosen = trainer.checkpoint_callback  # typed as any Checkpoint; ModelCheckpoint has the score
+    score = getattr(chosen, "best_model_score", None)
+    if chosen is not None and getattr(chosen, "monitor", None) == metric and score is not None:
+        value: float | None = float(score)
     else:
         value = metrics.get(metric)
     return value if value is not None and math.isfinite(value) else None
