@@ -507,12 +507,12 @@ class OptunaSearch(Sweeper):
     def _trial_outcome(self, attrs: dict[str, Any]) -> tuple[float | None, str | None, list[dict[str, Any]]]:
         """A trial's value (the mean over its seeds' jobs), or why there is none; and each seed's job and value."""
         runs = []
-        reasons = []
+        reasons: list[str] = []
         for job, seed in zip(_jobs(attrs), attrs.get("seeds") or [None], strict=True):
             value, reason = self._outcome(job)
             runs.append({"seed": seed, "job": job, "value": value})
             if value is None:
-                reasons.append(reason if seed is None else f"seed {seed} (job {job}): {reason}")
+                reasons.append(f"{reason or '-'}" if seed is None else f"seed {seed} (job {job}): {reason or '-'}")
         if reasons:
             return None, "; ".join(reasons), runs
         return statistics.fmean(r["value"] for r in runs), None, runs

@@ -135,12 +135,12 @@ def search_lines(search: Search, test: dict[str, float | None], test_name: str) 
     for trial in ranked(search):
         state = trial["state"] + (f": {trial['reason']}" if trial["state"] == "FAIL" and trial.get("reason") else "")
         values = [_value((trial.get("params") or {}).get(k)) for k in params]
-        jobs = [str(j) for j in trial.get("jobs") or ([trial["job"]] if trial.get("job") is not None else [])]
-        found = [v for j in jobs if _finite(v := test.get(j))]
-        shown = statistics.fmean(found) if found and len(found) == len(jobs) else None
+        trial_jobs = [str(j) for j in trial.get("jobs") or ([trial["job"]] if trial.get("job") is not None else [])]
+        tests = [v for j in trial_jobs if isinstance(v := test.get(j), int | float) and math.isfinite(v)]
+        mean_test = statistics.fmean(tests) if tests and len(tests) == len(trial_jobs) else None
         per_seed = [", ".join(f"{r.get('seed')}: {_value(r.get('value'))}" for r in trial.get("seeds") or [])]
         cells = [str(trial["number"]), state, _value(trial.get("value")), *(per_seed if seeded else []), *values,
-                 ", ".join(jobs) or "-", _value(shown)]  # fmt: skip
+                 ", ".join(trial_jobs) or "-", _value(mean_test)]  # fmt: skip
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines
 
