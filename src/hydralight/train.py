@@ -1,4 +1,4 @@
-"""The one training entrypoint: resolve the run plan -> build -> fit -> test -> record.
+"""The one training entrypoint: resolve the run plan -> build -> fit -> test (or predict) -> record.
 
 `cli` reads the command line once, checks every job's config, and hands it to Hydra; `main` is Hydra's
 task (one run, or one job of a sweep): it resolves the plan and runs it; `run` tells the story of a run.
@@ -39,8 +39,9 @@ _hydra_record_before: tuple[Path, Any] | None = None
 
 
 def run(plan: RunPlan, machine: Machine) -> float | None:
-    """Train and test (or only test, `mode=eval`) as the plan says; return the objective (the best validation
-    value of `objective.metric`), so a sweeper never tunes on the test set."""
+    """Train and test (or only test, `mode=eval`; or write a checkpoint's predictions, `mode=predict`) as the plan
+    says; return the objective (the best validation value of `objective.metric`), so a sweeper never tunes on the
+    test set."""
     from hydralight.config.resolve import check_plan
     from hydralight.data.contract import build_datamodule, shards_by_rank, stated_sizes
     from hydralight.resume.policy import Resume
@@ -51,6 +52,13 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     from hydralight.training.invariance import make_invariant
     from hydralight.training.loggers import build_loggers, wandb_scope
     from hydralight.training.modules import tests
+    from hydralight.training.predictions import (
+        PredictionWriter,
+        predict,
+        prediction_line,
+        prediction_results,
+        prepare_prediction,
+    )
     from hydralight.training.records import Throughput, result_line, run_results
     from hydralight.training.strategy import build_strategy, job_scope
     from hydralight.training.trainer import build_callbacks, build_trainer, lightning_refusals
@@ -69,6 +77,9 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     sizes = stated_sizes(data)
     resume = Resume(plan)
     module, plan = resume.build(sizes)
+    predicting = plan.resume.mode == "predict"
+    if predicting:  # a module without predict_step, a source its data cannot read: refused before any file
+        prepare_prediction(module, data, (plan.config.get("predict") or {}).get("source"))
     make_invariant(module, plan.model.invariant_dropout, plan.global_batchnorm)
     if plan.framework.precision == "64-true":
         module.double()  # before a checkpoint's float64 weights are loaded into it, not after
@@ -82,9 +93,27 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
         if is_rank_zero():
             show_start(plan, module)
         throughput = Throughput(plan.task.global_size, into=record.extra)  # training samples/s, start-up left out
-        callbacks = build_callbacks(plan, module, record.extra, throughput, resume.callback(sizes, record.extra))
-        loggers = build_loggers(plan, record.manifest)
+        writer = [PredictionWriter(run_dir.path)] if predicting else []
+        callbacks = build_callbacks(
+            plan, module, record.extra, throughput, resume.callback(sizes, record.extra), *writer
+        )
+        loggers = [] if predicting else build_loggers(plan, record.manifest)  # a prediction logs no metrics
         trainer = build_trainer(plan, build_strategy(plan, run_dir.plan), callbacks, loggers, shards_by_rank(data))
+
+        if predicting:
+            # 3. Predict with the checkpoint's module, each rank its share; rank 0 writes them in sample order.
+            with (
+                record.timed("predict_seconds"),
+                _left_as_it_was_if_refused(plan, trainer, record),
+                lightning_refusals(),
+            ):
+                predict(trainer, module, data, writer[0])
+            # 4. Record: results.json, the manifest, one line naming the file.
+            results = prediction_results(writer[0].written, plan.resume.ckpt_path)
+            record.finish(results)
+            if trainer.is_global_zero:
+                print(prediction_line(results), flush=True)
+            return None
 
         # 3. Fit, continuing the run's checkpoint.
         if plan.resume.mode == "train":

@@ -16,7 +16,7 @@ from hydralight.train import CONFIG_DIR
 REJECTED = [
     ("optim.lr=abc", "optim.lr=abc is not a number"),
     ("seed=notanumber", "seed=notanumber is not an integer"),
-    ("mode=tain", "mode=tain is not allowed; use one of train, eval"),
+    ("mode=tain", "mode=tain is not allowed; use one of train, eval, predict"),
     ("optim.lr_scaling=cubic", "optim.lr_scaling=cubic is not allowed; use one of none, linear, sqrt"),
     ("data.loader=pandas", "data.loader=pandas is not allowed; use one of tensor, torchvision"),
     ("strategy.name=fsdp", "strategy.name=fsdp is not allowed; use one of auto, ddp, ddp_spawn"),

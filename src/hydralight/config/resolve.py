@@ -108,9 +108,15 @@ def check_objective(metric: str) -> None:
 def _check_starting_points(c: DictConfig) -> None:
     """What a run starts from is applied or refused, never ignored: `mode=eval` tests `ckpt_path`; `init_from`
     starts a new run from weights, `ckpt_path` continues one."""
-    if c.mode == "eval":  # (a model set on the command line: see resume.policy, which reads the checkpoint)
+    # (A model set on the command line: see resume.policy, which reads the checkpoint.)
+    if c.mode in ("eval", "predict"):
         if c.get("init_from") is not None:
-            raise UserError("mode=eval tests ckpt_path; init_from would be ignored: drop it")
+            uses = "tests" if c.mode == "eval" else "predicts with"
+            raise UserError(f"mode={c.mode} {uses} ckpt_path; init_from would be ignored: drop it")
+        if c.mode == "predict" and c.ckpt_path and _run_dir_given(c):
+            raise UserError(
+                f"ckpt_path={c.ckpt_path} and resume={c.resume} both name the checkpoint to predict with; keep one"
+            )
     elif c.get("init_from") is not None and c.get("ckpt_path") is not None:
         raise UserError(
             f"init_from={c.init_from} (a new run from those weights) and ckpt_path={c.ckpt_path} (continue that "
@@ -123,10 +129,18 @@ def _check_top_level(c: DictConfig) -> None:
     seed = c.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise UserError(f"seed={seed} must be an integer from 0 to 2**32-1; use e.g. seed=42")
-    if c.mode not in ("train", "eval"):
-        raise UserError(f"mode={c.mode} is not a mode; use mode=train or mode=eval")
+    if c.mode not in ("train", "eval", "predict"):
+        raise UserError(f"mode={c.mode} is not a mode; use mode=train, mode=eval or mode=predict")
     if c.mode == "eval" and not c.ckpt_path:
         raise UserError("mode=eval needs the checkpoint to test: add ckpt_path=PATH/TO/file.ckpt")
+    if c.mode == "predict" and not c.ckpt_path and not _run_dir_given(c):
+        raise UserError(
+            "mode=predict needs the checkpoint to predict with: add ckpt_path=PATH/TO/file.ckpt, or resume=RUN_DIR "
+            "(that run's best checkpoint)"
+        )
+    source = (c.get("predict") or {}).get("source")
+    if source is not None and c.mode != "predict":
+        raise UserError(f"predict.source={source} is read by mode=predict only; add mode=predict, or drop it")
     _check_ranges(c)
 
 
@@ -501,8 +515,8 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
     """The config to run and its run dir: with `resume=RUN_DIR`, that run's saved config, where the command
     line may only extend training (any other override that contradicts it is refused, naming each key)."""
     run_dir = str(job.run_dir or (config.get("paths") or {}).get("output_dir") or ".")
-    if config.get("resume") in ("auto", "never", None):
-        return config, run_dir
+    if config.get("resume") in ("auto", "never", None) or config.get("mode") == "predict":
+        return config, run_dir  # mode=predict reads an earlier run's checkpoint, never its config (see _resume)
     earlier = RunDir.at(str(config["resume"]))
     if not earlier.config.is_file():
         raise UserError(
@@ -568,6 +582,13 @@ def _resume(c: DictConfig, config: dict[str, Any], run_dir: str) -> ResumePlan:
             raise UserError(f"{key}={path} {problem}")
     if c.mode == "eval":
         return ResumePlan(mode="eval", policy=policy, ckpt_path=ckpt_path)
+    if c.mode == "predict":  # into a new run dir: never continuing one, never writing into the run it reads
+        if RunDir.at(run_dir).config.is_file():
+            raise UserError(
+                f"mode=predict writes into a new run dir, but {run_dir} holds a run already; leave hydra.run.dir "
+                "out, or name a new dir"
+            )
+        return ResumePlan(mode="predict", policy="never", ckpt_path=ckpt_path or _checkpoint_of_run(policy))
     if uses_own:
         continue_from, is_own = str(own), True
     else:
@@ -580,6 +601,29 @@ def _resume(c: DictConfig, config: dict[str, Any], run_dir: str) -> ResumePlan:
         ckpt_path=ckpt_path,
         init_from=c.get("init_from"),
         finished=finished_result(config, run_dir) if policy != "never" else None,
+    )
+
+
+def _run_dir_given(c: DictConfig) -> bool:
+    return str(c.get("resume")) not in ("auto", "never", "None")
+
+
+def _checkpoint_of_run(run_dir: str) -> str:
+    """The checkpoint of an earlier run that `mode=predict resume=RUN_DIR` predicts with: its best by the
+    objective (as its results name it), else its last.ckpt."""
+    earlier = RunDir.at(run_dir)
+    if not earlier.config.is_file():
+        raise UserError(
+            f"resume={run_dir} is not the dir of an earlier run (no config.yaml there); pass a run dir "
+            "(outputs/<date>/<time>), or the checkpoint itself with ckpt_path=FILE"
+        )
+    best = (read_json(earlier.results) or {}).get("best_checkpoint")
+    for path in (best, earlier.last):
+        # A run dir copied or moved keeps its checkpoints inside: the recorded path may point at the original.
+        if path and (inside := earlier.checkpoints / Path(path).name).is_file():
+            return str(inside)
+    raise UserError(
+        f"resume={run_dir} holds no checkpoint ({earlier.checkpoints} is empty or missing); pass ckpt_path=FILE"
     )
 
 

@@ -34,7 +34,7 @@ PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-t
 STRATEGIES = ("auto", "ddp", "ddp_spawn")
 LR_SCALING = ("none", "linear", "sqrt")
 
-Mode = _choice("Mode", ("train", "eval"))
+Mode = _choice("Mode", ("train", "eval", "predict"))
 Direction = _choice("Direction", ("max", "min"))
 Accelerator = _choice("Accelerator", ("auto", "cpu", "gpu", "cuda"))
 StrategyName = _choice("StrategyName", STRATEGIES)
@@ -214,6 +214,13 @@ class ObjectiveConf:
 
 
 @dataclass
+class PredictConf:
+    """`mode=predict`: what to predict on (null: the test split of the data)."""
+
+    source: str | None = None  # a folder of images (class folders optional), or a text file for charlm
+
+
+@dataclass
 class TrainConf:
     seed: int = 42
     mode: Mode = Mode.train  # type: ignore[attr-defined]
@@ -222,6 +229,7 @@ class TrainConf:
     resume: str = "auto"  # auto, never or a run dir
     plan: bool = False
     objective: ObjectiveConf = field(default_factory=ObjectiveConf)
+    predict: PredictConf = field(default_factory=PredictConf)
     hardware: HardwareConf = field(default_factory=HardwareConf)
     strategy: StrategyConf = field(default_factory=StrategyConf)
     trainer: TrainerConf = field(default_factory=TrainerConf)

@@ -22,25 +22,18 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset
-from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension, make_dataset
+from torchvision.datasets.folder import has_file_allowed_extension, make_dataset
 
 from hydralight.data.decode_cache import cached
+from hydralight.data.files import CHANNELS, IMAGE_FILES, BadImage, decode
 from hydralight.data.images import ImageDataModule
 from hydralight.errors import UserError
 
 log = logging.getLogger(__name__)
 
-# Image modes a network can take as they are, and their channels; others (palette, 16-bit) need data.mode.
-CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
-# File endings read as images (torchvision's ImageFolder list); other files in the folders are ignored.
-IMAGE_FILES = IMG_EXTENSIONS
 # Bump when the cache's content changes meaning: older caches are then rebuilt.
 CACHE_FORMAT = 1
 STATS_SAMPLES = 2000  # images the per-sample loader's mean/std are measured on
-
-
-class BadImage(Exception):
-    """A file that does not decode as an image."""
 
 
 @dataclass(frozen=True)
@@ -108,27 +101,6 @@ def list_images(root: Path) -> Listing:
     if hidden:
         log.info(f"left out {len(hidden)} hidden files and folders under {root} (such as {hidden[0]})")
     return Listing(classes, files["train"], files["test"])
-
-
-def decode(path: Path, mode: str | None, size: tuple[int, int] | None) -> torch.Tensor:
-    """One image as uint8 (C, H, W): converted to `mode` and resized to `size` (H, W) when they are set."""
-    import torchvision.transforms.functional as TF
-    from PIL import Image
-
-    try:
-        with Image.open(path) as img:
-            if mode is not None and img.mode != mode:
-                img = img.convert(mode)
-            elif mode is None and img.mode not in CHANNELS:
-                raise UserError(
-                    f"{path} has image mode {img.mode}; set data.mode to one of {', '.join(CHANNELS)} "
-                    "to convert every image to it"
-                )
-            if size is not None and img.size != (size[1], size[0]):
-                img = TF.resize(img, list(size))
-            return TF.pil_to_tensor(img)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        raise BadImage(f"{type(err).__name__}: {err}") from None
 
 
 def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -275,6 +247,11 @@ class ImageFolderDataModule(ImageDataModule):
 
     def train_size(self) -> int:
         return len(self.listing.train)
+
+    def test_names(self) -> list[str] | None:
+        """The test images' paths; those left out as unreadable (`data.skip_bad`) are not in the split."""
+        skipped = set(self.content().get("skipped", [])) if self.resolved_loader() == "tensor" else set()
+        return [str(path) for path, _ in self.listing.test if str(path) not in skipped]
 
     def resolved_loader(self) -> str:
         if self.loader != "auto":

@@ -4,12 +4,14 @@ keyed augmentation on the device. A subclass says its sizes and normalization an
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from hydralight.data.files import decode_all, images_to_predict
 from hydralight.data.loaders import ResumableLoader, TensorImages, WithIds, whole_batch
 from hydralight.data.sampling import GlobalBatchSampler, ShardSampler
 from hydralight.errors import UserError
@@ -65,6 +67,8 @@ class ImageDataModule(pl.LightningDataModule):
         self.seed = seed
         self.max_shift = max_shift
         self.splits: dict[str, Dataset] = {}
+        # `predict.source`'s images and labels (`predict_from`); None: predict on the test split.
+        self.predict_files: list[tuple[Path, int]] | None = None
         self._normalizers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # The contract (see hydralight.data): sizes and normalization, readable before setup.
@@ -96,6 +100,26 @@ class ImageDataModule(pl.LightningDataModule):
     def per_sample_datasets(self) -> tuple[Dataset, Dataset]:
         """Train and test as Datasets of (normalized float (C, H, W) image, label)."""
         raise NotImplementedError
+
+    def class_names(self) -> list[str]:
+        """The classes by name (a subclass that knows names says `classes`), else by number: 0, 1, ..."""
+        return list(getattr(self, "classes", None) or (str(i) for i in range(self.num_classes)))
+
+    def test_names(self) -> list[str] | None:
+        """The test samples by name (their files), in the order of the test split; None: by position."""
+        return None
+
+    def predict_from(self, source: str) -> None:
+        """Predict on the images under `source` instead of the test split: `source/<class>/*` (labelled when
+        every folder is a class of this data) or any images under it (unlabelled), each converted and resized
+        to the network's input shape."""
+        self.predict_files = images_to_predict(source, self.class_names())
+
+    def predict_names(self) -> list[str] | None:
+        """The samples `predict_dataloader` yields, by name, in the order of their ids; None: by position."""
+        if self.predict_files is not None:
+            return [str(path) for path, _ in self.predict_files]
+        return self.test_names()
 
     def resolved_loader(self) -> str:
         """The loader this run uses (a subclass may choose one by the data's size)."""
@@ -143,6 +167,14 @@ class ImageDataModule(pl.LightningDataModule):
             parts = self._parts(len(train))  # type: ignore[arg-type]
             self.splits = {name: WithIds(Subset(train, idx)) for name, idx in parts.items()}
             self.splits["test"] = WithIds(test)
+        self.splits["predict"] = self.splits["test"] if self.predict_files is None else self._images_to_predict()
+
+    def _images_to_predict(self) -> TensorImages:
+        # Decoded whole, as uint8: batches are normalized on the device as the test split's are.
+        files = [path for path, _ in self.predict_files or []]
+        images = decode_all(files, self.input_shape, self.num_workers)
+        labels = torch.tensor([label for _, label in self.predict_files or []], dtype=torch.int64)
+        return TensorImages(images, labels).to(self._device())
 
     def _parts(self, n_train: int) -> dict[str, torch.Tensor]:
         n_val = self.check_sizes(n_train)
@@ -200,6 +232,9 @@ class ImageDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._eval_loader("predict")
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 images to float, per channel `(x / 255 - mean) / std`."""

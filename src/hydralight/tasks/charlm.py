@@ -74,6 +74,7 @@ class TextDataModule(pl.LightningDataModule):
         self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
         self.drop_last, self.seed = drop_last, seed
         self.splits: dict[str, TextBlocks] = {}
+        self.predict_path: Path | None = None  # `predict.source`: another text; None: predict on the test part
 
     @cached_property
     def text(self) -> str:
@@ -105,12 +106,34 @@ class TextDataModule(pl.LightningDataModule):
         val, test = int(n * self.val_fraction), int(n * self.test_fraction)
         return {"train": (0, n - val - test), "val": (n - val - test, n - test), "test": (n - test, n)}
 
+    def predict_from(self, source: str) -> None:
+        """Predict on the text of the file `source`, in blocks, with the vocabulary of the training text."""
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise UserError(f"predict.source={source} is not a file; give a UTF-8 text file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise UserError(f"predict.source={source} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+        if unknown := sorted(set(text) - set(self.vocabulary)):
+            raise UserError(
+                f"predict.source={source} has characters the model never saw in {self.path} ({unknown[0]!r} and "
+                f"{len(unknown) - 1} more); remove them, or train on a text that has them"
+            )
+        if len(text) < self.block_size + 1:
+            raise UserError(f"predict.source={source} is shorter than one block of {self.block_size} characters")
+        self.predict_path = path
+
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
         index = {c: i for i, c in enumerate(self.vocabulary)}
         tokens = torch.tensor([index[c] for c in self.text], dtype=torch.long)
         self.splits = {name: TextBlocks(tokens[a:b], self.block_size) for name, (a, b) in self._bounds().items()}
+        self.splits["predict"] = self.splits["test"]
+        if self.predict_path is not None:
+            other = self.predict_path.read_text(encoding="utf-8")
+            self.splits["predict"] = TextBlocks(torch.tensor([index[c] for c in other]), self.block_size)
 
     def _loader(self, split: str, train: bool = False) -> DataLoader:
         return DataLoader(
@@ -131,6 +154,9 @@ class TextDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("predict")
 
 
 class CharLM(pl.LightningModule):
@@ -186,6 +212,17 @@ class CharLM(pl.LightningModule):
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate("test", batch)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
+        """Per block: the most likely next character at each position, and (given the true next characters)
+        the block's mean loss in bits per character."""
+        tokens, targets = batch if isinstance(batch, tuple | list) else (batch, None)
+        logits = self(tokens)
+        out = {"next": logits.argmax(-1)}
+        if targets is not None:
+            loss = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(-1)
+            out["bits_per_char"] = loss / math.log(2)
+        return out
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)

@@ -165,6 +165,17 @@ class Classifier(pl.LightningModule):
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate("test", batch)
 
+    def predict_step(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
+        """Class probabilities of a batch `x`, `(x, y)` or `(x, y, ids)`, with the labels (-1: none) and sample
+        ids it carries: what hydralight.training.predictions writes as one CSV row per sample."""
+        if torch.is_tensor(batch):
+            return {"probabilities": self(batch).float().softmax(-1)}
+        x, y = self.inputs_and_labels(batch)
+        out = {"probabilities": self(x).float().softmax(-1), "labels": y}
+        if len(batch) == 3:
+            out["ids"] = batch[2]
+        return out
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The epoch's running training loss, summed over ranks: a run resumed inside the epoch reports the
         # same epoch mean as an uninterrupted one. Zero at an epoch boundary (the next epoch starts anew).
