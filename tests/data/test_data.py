@@ -139,6 +139,7 @@ def test_fashion_mnist_composes_and_reads_its_own_idx_files(tmp_path):
 
 def test_the_core_gives_a_data_module_the_planned_settings_its_constructor_takes(monkeypatch):
     from hydralight.data import datamodule_kwargs, shards_by_rank
+    from hydralight.data.contract import replaced_by_plan
 
     monkeypatch.syspath_prepend(str(HELPERS))
     planned = {"global_size": 64, "batch_size": 16, "accumulation": 2, "eval_size": 100, "num_workers": 3,
@@ -147,8 +148,15 @@ def test_the_core_gives_a_data_module_the_planned_settings_its_constructor_takes
     assert "batch_size" not in ours and ours["global_size"] == 64 and ours["seed"] == 1
     plain = {"_target_": "plain_datamodule.PlainDataModule", "record_dir": "x"}
     assert datamodule_kwargs(plain, planned) == {"batch_size": 16, "num_workers": 3}
-    with pytest.raises(UserError, match="data.batch_size is set by the plan; set batch.global_size"):
-        datamodule_kwargs({**plain, "batch_size": 8}, planned)
+    # A planned setting its config also gives (a lightning-hydra-template data config): the plan's value wins,
+    # and one line says so when the two differ.
+    assert datamodule_kwargs({**plain, "batch_size": 8, "num_workers": 3}, planned) == {
+        "batch_size": 16,
+        "num_workers": 3,
+    }
+    notes = replaced_by_plan({**plain, "batch_size": 8, "num_workers": 3}, planned)
+    assert notes == ["data.batch_size=8 in the data config is replaced by the plan's 16; to change it, set "
+                     "batch.global_size (the per-device batch follows from it)"]  # fmt: skip
     with pytest.raises(UserError, match="takes neither batch_size nor global_size"):
         datamodule_kwargs({"_target_": "pytorch_lightning.LightningDataModule"}, planned)
     with pytest.raises(UserError, match=r"data.shuffle_buffer is not an argument of PlainDataModule"):

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import shlex
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -174,6 +176,19 @@ def _quoted(key: str, value: str) -> str:
     return '"' + override.replace('"', '\\"') + '"'
 
 
+def shadowed_options(config_dir: str, user: Path = Path("conf")) -> list[str]:
+    """Options of `./conf` that a shipped option of the same group and name hides: Hydra takes the package's
+    first, so such a file is never used (a user's `conf/data/mnist.yaml`)."""
+    if not user.is_dir():
+        return []
+    return [
+        f"{path} is not used: the shipped option {path.parent.relative_to(user).as_posix()}={path.stem} comes "
+        "first; give yours a name of its own"
+        for path in sorted(user.rglob("*.yaml"))
+        if path.parent != user and (Path(config_dir) / path.relative_to(user)).is_file()
+    ]
+
+
 def compose_jobs(
     config_dir: str, config_name: str, invocation: Invocation, hydra_modes: set | None = None
 ) -> list[DictConfig]:
@@ -189,6 +204,8 @@ def compose_jobs(
     if invocation.other_config:
         return []
     invocation.check_readable()
+    for line in shadowed_options(config_dir):
+        print(f"note: {line}", file=sys.stderr, flush=True)
     overrides = invocation.overrides
     jobs = [overrides]
     searched = [a for a in overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]

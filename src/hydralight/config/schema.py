@@ -190,6 +190,9 @@ class TrainerConf:
 class PathsConf:
     root_dir: str = "."
     output_dir: str = "."
+    data_dir: str = "data"
+    log_dir: str = "."
+    work_dir: str = "."
 
 
 @dataclass

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from hydralight.config.binding import accepted_arguments, bind, import_target, instantiate
-from hydralight.config.schema import set_by_plan
 from hydralight.errors import UserError
 
 # Each setting the core may pass, and where a user sets it instead of in `data.*`.
@@ -37,13 +36,10 @@ def datamodule_kwargs(data: Mapping[str, Any], planned: Mapping[str, Any]) -> di
     """The planned settings (the seed included) that the constructor of `data._target_` takes by name.
 
     A data module that takes neither `global_size` nor `batch_size` is refused: the plan's batch would not
-    reach it. A planned setting also written in `data.*` is refused: the plan decides it.
+    reach it. A planned setting also written in `data.*` (a lightning-hydra-template data config sets
+    `batch_size`, `num_workers`, `pin_memory`) gets the plan's value: `replaced_by_plan` says so.
     """
     target = import_target(str(data.get("_target_")), "data._target_")
-    names, _ = accepted_arguments(target)
-    for key in planned:
-        if key in data and key in names:
-            raise UserError(set_by_plan(f"data.{key}", OWNERS.get(key, key)))
     given = bind(target, {k: v for k, v in data.items() if k not in planned}, planned, "data")
     if "global_size" not in given and "batch_size" not in given:
         raise UserError(
@@ -52,6 +48,19 @@ def datamodule_kwargs(data: Mapping[str, Any], planned: Mapping[str, Any]) -> di
             "batch_size argument (the per-device batch) and use it in its loaders"
         )
     return given
+
+
+def replaced_by_plan(data: Mapping[str, Any], planned: Mapping[str, Any]) -> list[str]:
+    """One line for each planned setting the data config gives another value than the plan's: the plan wins
+    (its batch math holds on any hardware), and the line names where to change it."""
+    target = import_target(str(data.get("_target_")), "data._target_")
+    names, _ = accepted_arguments(target)
+    return [
+        f"data.{key}={data[key]} in the data config is replaced by the plan's {planned[key]}; to change it, set "
+        f"{OWNERS.get(key, key)}"
+        for key in planned
+        if key in data and key in names and data[key] != planned[key]
+    ]
 
 
 def build_datamodule(data: Mapping[str, Any], planned: Mapping[str, Any]) -> Any:

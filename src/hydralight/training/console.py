@@ -14,6 +14,8 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from hydralight.data.contract import replaced_by_plan
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -122,4 +124,6 @@ def plan_line(plan: RunPlan, model: nn.Module) -> str:
 def show_start(plan: RunPlan, model: nn.Module) -> None:
     """The first lines of a run: its plan and its run dir."""
     print(plan_line(plan, model), flush=True)
+    for line in replaced_by_plan(plan.data.spec, plan.data.offered):
+        print(f"note: {line}", flush=True)
     print(f"run dir: {plan.paths.run_dir}", flush=True)
