@@ -18,6 +18,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from hydralight import lightning_namespaces
 from hydralight.config.compose import Invocation, compose_jobs, mode_known
 from hydralight.config.plan import Machine, RunPlan
 from hydralight.config.resolve import JobInfo
@@ -27,6 +28,8 @@ from hydralight.rundir.launch import is_rank_zero
 from hydralight.rundir.lock import RunDirLock
 
 register()
+# A user's `lightning.pytorch` module, data module or callback is built on the classes this Trainer runs.
+lightning_namespaces.install()
 # ./conf holds your own options when you have any; without one there is nothing to warn about.
 warnings.filterwarnings("ignore", message="provider=hydra.searchpath in main, path=conf is not available")
 
@@ -147,7 +150,7 @@ def _left_as_it_was_if_refused(plan: RunPlan, trainer: Any, record: Any) -> Iter
     except UserError as err:
         untrained = getattr(trainer, "global_step", 1) == 0 or getattr(err, "before_any_result", False)
         if plan.paths.sweep_dir is None and untrained and not plan.resume.own:
-            err.discard_run_dir = True  # type: ignore[attr-defined]
+            err.discard_run_dir = True
         else:
             record.restore_if_nothing_saved()
         raise

@@ -216,3 +216,39 @@ def test_timm_networks_train_for_the_built_in_classifier(tiny_data, tmp_path):
     run = tmp_path / "run"
     ok(run_cli([*TINY, "model=timm", "model.net.name=resnet18", "trainer.limit_train_batches=2"], run, tiny_data))
     assert results(run)["test/acc"] is not None
+
+
+LIGHTNING = ["model=lit", "hardware=cpu", "objective.metric=val/mse", "objective.direction=min", "batch.global_size=32",
+             "trainer.max_steps=20", "+callbacks.count._target_=my_tasks.lightning_namespace.StepCounter"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["data=lit_points"],  # all of it written against `lightning`
+        pytest.param(["data=points", "hardware.devices=2", "strategy=ddp"], marks=pytest.mark.slow),  # mixed, 2 ranks
+    ],
+)
+def test_modules_data_and_callbacks_of_the_lightning_namespace_train_unchanged(extra, tmp_path):
+    run = tmp_path / "run"
+    ok(user_run([*LIGHTNING, *extra], run))
+    assert results(run)["global_step"] == 20 and results(run)["test"]["test/mse"] > 0
+    assert json.loads((run / "steps.json").read_text()) == {"steps": 20, "module_is_lightning": True}
+
+
+def test_a_module_of_a_lightning_package_imported_before_hydralight_is_one_line(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from torch import nn
+
+    from hydralight.errors import UserError
+    from hydralight.training.modules import module_class
+
+    # What `lightning.pytorch.LightningModule` is when the real package was imported first: another class.
+    base = type("LightningModule", (nn.Module,), {"__module__": "lightning.pytorch.core.module"})
+    mine = types.ModuleType("their_tasks")
+    mine.Lit = type("Lit", (base,), {"__module__": "their_tasks"})
+    monkeypatch.setitem(sys.modules, "their_tasks", mine)
+    with pytest.raises(UserError, match=r"is a LightningModule of the `lightning` package.*import hydralight first"):
+        module_class({"_target_": "their_tasks.Lit"})

@@ -22,6 +22,12 @@ def module_class(spec: dict[str, Any]) -> type[pl.LightningModule]:
     if inspect.isclass(target) and issubclass(target, pl.LightningModule):
         return target
     path = spec.get("_target_")
+    if inspect.isclass(target) and any(k.__module__.startswith("lightning.") for k in target.__mro__):
+        raise UserError(
+            f"model._target_={path} is a LightningModule of the `lightning` package, imported in this process before "
+            "hydralight could map `lightning.pytorch` to `pytorch_lightning` (the same code, whose Trainer runs it); "
+            "import hydralight first, or write its imports as `pytorch_lightning`"
+        )
     if inspect.isclass(target) and issubclass(target, nn.Module):
         raise UserError(
             f"model._target_={path} is a torch nn.Module, not a LightningModule: give it to the built-in classifier "
