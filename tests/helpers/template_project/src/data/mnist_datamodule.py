@@ -4,7 +4,7 @@ concatenated and split by a seeded random_split, a global batch divided by the w
 from typing import Any
 
 import torch
-from pytorch_lightning import LightningDataModule
+from lightning import LightningDataModule
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, random_split
 from torchvision.datasets import MNIST
 from torchvision.transforms import transforms

@@ -4,7 +4,7 @@ hands it `_partial_` optimizer and scheduler configs; torchmetrics for accuracy 
 from typing import Any
 
 import torch
-from pytorch_lightning import LightningModule
+from lightning import LightningModule
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification.accuracy import Accuracy
 
