@@ -1344,3 +1344,38 @@ def test_weight_averaging_counts_its_updates_and_swaps_with_the_module(tmp_path:
     swap_average(averaging, module)
     assert all(torch.equal(p, a) for p, a in zip(module.parameters(), average, strict=True)), hook.moved()
     assert all(torch.equal(p, b) for p, b in zip(averaging._average_model.module.parameters(), before, strict=True))
+
+
+def test_model_parallel_launcher_is_configured_by_the_strategy() -> None:
+    """strategy=fsdp swaps the launcher of Lightning's ModelParallelStrategy as DDP's is swapped."""
+    from pytorch_lightning.strategies import ModelParallelStrategy
+    from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    hook = Hook(
+        "pytorch_lightning",
+        "ModelParallelStrategy._configure_launcher / _launcher",
+        "lightning_internals.py, training/strategy.py",
+        "starting the fsdp ranks from the job's saved config, as DDP's are",
+    )
+    configured: list[type] = []
+
+    class Recording(ModelParallelStrategy):
+        def _configure_launcher(self) -> None:
+            super()._configure_launcher()
+            configured.append(type(getattr(self, "_launcher", None)))
+
+    strategy = Recording(data_parallel_size=2, tensor_parallel_size=1)
+    pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    assert configured == [_SubprocessScriptLauncher], hook.moved(f"the Trainer configured {configured}")
+    assert strategy.launcher is strategy._launcher, hook.moved("the strategy's launcher is no longer `_launcher`")
+    fields = {k: dig(strategy._launcher, k) for k in ("num_processes", "num_nodes", "procs")}
+    assert fields == {"num_processes": 2, "num_nodes": 1, "procs": []}, hook.moved(f"the launcher has {fields}")
+    assert dig(strategy._launcher, "cluster_environment") is strategy.cluster_environment, hook.moved()

@@ -69,7 +69,7 @@ class HardwarePlan:
 
 @dataclass(frozen=True)
 class FrameworkPlan:
-    strategy: str  # auto (single process) | ddp | ddp_spawn
+    strategy: str  # auto (single process) | ddp | ddp_spawn | fsdp
     backend: str | None  # process-group backend; None for a single process
     precision: str
     matmul_precision: str | None  # torch.set_float32_matmul_precision, on GPUs with TF32
@@ -77,6 +77,9 @@ class FrameworkPlan:
     find_unused_parameters: bool = False
     timeout_s: int = 1800  # collective operations give up after this long
     env: dict[str, str] = field(default_factory=dict)
+    # fsdp: the submodules sharded before the root, and the checkpoint form (full: one file; sharded: a folder).
+    shard: list[str] = field(default_factory=list)
+    checkpoint: str = "full"
 
 
 @dataclass(frozen=True)
@@ -172,15 +175,15 @@ class RunPlan:
         return {**self.trainer, "use_distributed_sampler": not shards_by_rank}
 
     def strategy_kwargs(self) -> dict[str, Any] | None:
-        """The DDP strategy's arguments; None for a single process."""
+        """The DDP or FSDP strategy's arguments; None for a single process."""
         fw = self.framework
+        shard, checkpoint = list(fw.shard), fw.checkpoint  # fsdp's; the plan refuses them for the others
         if fw.strategy == "auto":
             return None
-        return {
-            "process_group_backend": fw.backend,
-            "find_unused_parameters": fw.find_unused_parameters,
-            "timeout": timedelta(seconds=fw.timeout_s),
-        }
+        common = {"process_group_backend": fw.backend, "timeout": timedelta(seconds=fw.timeout_s)}
+        if fw.strategy == "fsdp":
+            return {**common, "shard": shard, "sharded_checkpoint": checkpoint == "sharded"}
+        return {**common, "find_unused_parameters": fw.find_unused_parameters}
 
     @property
     def global_batchnorm(self) -> bool:
@@ -212,6 +215,8 @@ class RunPlan:
             for layer, part in (("hardware", self.hardware), ("framework", self.framework), ("task", self.task))
             for key, value in asdict(part).items()
         ]
+        if self.framework.strategy == "fsdp":
+            rows.append(("framework", "state per device", self.state_per_device()))
         resume = self.resume.continue_from or self.resume.init_from or "-"
         rows += [
             ("run", "model", str(self.model.spec.get("_target_"))),
@@ -222,6 +227,16 @@ class RunPlan:
             ("run", "run dir", self.paths.run_dir),
         ]
         return rows
+
+    def state_per_device(self) -> str:
+        """What each device holds of the parameters and optimizer state under fsdp, beside DDP's full copy. The
+        sizes come from the module, built only when the run starts (it logs them in bytes); here the shares."""
+        world = self.hardware.world_size
+        units = "".join(f"{name}.*, " for name in self.framework.shard)
+        return (
+            f"params + optimizer state: 1/{world} of each unit ({units}the root) per device; DDP: a full copy on "
+            f"each (MB of both logged after step 1; a module's own configure_model picks its units)"
+        )
 
     def table(self) -> str:
         from rich.console import Console

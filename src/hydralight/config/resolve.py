@@ -289,6 +289,29 @@ def _framework(c: DictConfig, hw: HardwarePlan, machine: Machine) -> FrameworkPl
     precision = str(c.trainer.precision)
     if precision not in PRECISIONS:
         raise UserError(f"precision={precision} is not a Lightning precision; use one of {', '.join(PRECISIONS)}")
+    shard = [str(name) for name in c.strategy.get("shard") or []]
+    checkpoint = str(c.strategy.get("checkpoint", "full"))
+    if strategy != "fsdp" and (shard or checkpoint != "full"):
+        given = f"strategy.shard={shard}" if shard else f"strategy.checkpoint={checkpoint}"
+        raise UserError(f"{given} is read by strategy=fsdp only; add strategy=fsdp, or drop it")
+    if strategy == "fsdp":
+        if bad := next((name for name in shard if not re.fullmatch(r"[A-Za-z_]\w*(\.\w+)*", name)), None):
+            raise UserError(
+                f"strategy.shard names submodules by their dotted path; {bad!r} is none (e.g. blocks.layers)"
+            )
+        # Lightning's ModelParallelStrategy (FSDP2) takes no float64 and no fp16 autocast.
+        if precision in ("64-true", "16-mixed"):
+            raise UserError(
+                f"strategy=fsdp does not train in precision={precision}; use precision=32-true or bf16-mixed"
+            )
+        # Planning without a run (`--cfg`, a sweep's check) has no run dir yet.
+        run_dir = OmegaConf.select(c, "paths.output_dir", throw_on_resolution_failure=False)
+        last = RunDir.at(str(run_dir)).last if run_dir else None
+        if last is not None and last.is_dir() and c.mode == "train" and c.get("resume") != "never":
+            raise UserError(
+                f"{last} is a sharded checkpoint (strategy.checkpoint=sharded), which a run cannot continue from; "
+                "use strategy.checkpoint=full for runs you may continue, or start over with resume=never"
+            )
     gpu = hw.accelerator == "gpu"
     env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if gpu else {}
     if os.environ.get("NCCL_DEBUG") and gpu:
@@ -304,6 +327,8 @@ def _framework(c: DictConfig, hw: HardwarePlan, machine: Machine) -> FrameworkPl
         find_unused_parameters=bool(c.strategy.get("find_unused_parameters", False)),
         timeout_s=_positive_int(c.strategy.get("timeout_s", 1800), "strategy.timeout_s"),
         env=env,
+        shard=shard,
+        checkpoint=checkpoint,
     )
 
 

@@ -31,13 +31,15 @@ def _choice(name: str, values: tuple[str, ...]) -> type[Choice]:
 
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
-STRATEGIES = ("auto", "ddp", "ddp_spawn")
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp")
+CHECKPOINT_FORMS = ("full", "sharded")
 LR_SCALING = ("none", "linear", "sqrt")
 
 Mode = _choice("Mode", ("train", "eval", "predict"))
 Direction = _choice("Direction", ("max", "min"))
 Accelerator = _choice("Accelerator", ("auto", "cpu", "gpu", "cuda"))
 StrategyName = _choice("StrategyName", STRATEGIES)
+CheckpointForm = _choice("CheckpointForm", CHECKPOINT_FORMS)
 Precision = _choice("Precision", PRECISIONS)
 LrScaling = _choice("LrScaling", LR_SCALING)
 Loader = _choice("Loader", ("tensor", "torchvision"))
@@ -88,6 +90,10 @@ class StrategyConf:
     name: StrategyName = StrategyName.auto  # type: ignore[attr-defined]
     find_unused_parameters: bool = False
     timeout_s: int = 1800
+    # fsdp only: the submodules sharded one by one before the root (each child of a ModuleList/Sequential,
+    # else the module itself), and how checkpoints are written (one file, or a folder of per-rank shards).
+    shard: list[str] = field(default_factory=list)
+    checkpoint: CheckpointForm = CheckpointForm.full  # type: ignore[attr-defined]
 
 
 @dataclass

@@ -9,6 +9,7 @@ ranks always run that job and nothing else.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import signal
@@ -21,10 +22,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import torch
 from pytorch_lightning.strategies import DDPStrategy, Strategy
+from pytorch_lightning.utilities.model_helpers import is_overridden
+from torch import nn
 
 from hydralight.config.plan import RunPlan
-from hydralight.lightning_internals import PlannedRanksDDP
+from hydralight.errors import UserError
+from hydralight.lightning_internals import PlannedRanksDDP, PlannedRanksModelParallel
+
+log = logging.getLogger(__name__)
 
 # Rank processes this process started for the current job, waited for when the job ends.
 _children: list[subprocess.Popen] = []
@@ -57,6 +64,123 @@ class SpawnDDPStrategy(DDPStrategy):
             dist.destroy_process_group()
 
 
+class JobFSDPStrategy(PlannedRanksModelParallel):
+    """Fully sharded data parallel (torch's FSDP2 `fully_shard` under Lightning's ModelParallelStrategy), its
+    locally started ranks running the saved plan like `JobDDPStrategy`'s.
+
+    Every rank is one data-parallel replica of a 1-D mesh; each keeps 1/N of every sharded unit's parameters,
+    gradients and optimizer state. A module with its own `configure_model` shards itself; any other is given
+    one that shards the `shard` submodules (each child of a ModuleList/Sequential, or the module itself), then
+    the module as the root, which takes every parameter left.
+    """
+
+    def __init__(
+        self, *, plan_file: Path, world_size: int, shard: list[str], sharded_checkpoint: bool,
+        mixed_precision: bool = False, **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(
+            data_parallel_size=world_size, tensor_parallel_size=1, save_distributed_checkpoint=sharded_checkpoint,
+            plan_file=plan_file, children=_children, **kwargs,
+        )  # fmt: skip
+        self.shard, self.mixed_precision = list(shard), mixed_precision
+        self.measured = False
+
+    def setup_environment(self) -> None:
+        super().setup_environment()  # the process group and the mesh, before Lightning calls configure_model
+        module = self.lightning_module
+        if getattr(module, "_hydralight_shards", False):
+            return  # set up for an earlier stage (fit, then test)
+        if is_overridden("configure_model", module):
+            how = f"{type(module).__name__}.configure_model shards the module (strategy.shard is not read)"
+        else:
+            try:
+                shard_units(module, self.shard)
+            except UserError:
+                if self.global_rank == 0:
+                    raise
+                raise SystemExit(2) from None  # every rank finds the same names wrong: rank 0 says it, once
+            # The public hook Lightning calls to shard a module, per instance: a module of any class trains.
+            module.configure_model = lambda: shard_module(module, self.shard, self.device_mesh["data_parallel"],
+                                                          self.mixed_precision)  # fmt: skip
+            units = ", ".join(f"{name}.*" for name in self.shard)
+            how = f"strategy.shard: {units + ', then ' if units else ''}the root {type(module).__name__}"
+        module._hydralight_shards = True
+        if self.global_rank == 0:
+            log.info(f"fsdp over {self.world_size} processes: {how}")
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().optimizer_step(*args, **kwargs)
+        if not self.measured:  # after the first step, when the optimizer has made its state
+            self.measured = True
+            self._log_state_per_device()
+        return out
+
+    def _log_state_per_device(self) -> None:
+        """Bytes of parameters + optimizer state on each rank, beside the full copy DDP keeps on every rank."""
+        local, full = state_bytes(self.lightning_module, self.optimizers)
+        each = [0] * self.world_size
+        torch.distributed.all_gather_object(each, local)
+        if self.global_rank == 0:
+            ranks = ", ".join(f"{b / 2**20:.2f} MB on rank {r}" for r, b in enumerate(each))
+            log.info(
+                f"fsdp: parameters + optimizer state per device: {ranks}; "
+                f"a full copy, what DDP keeps on each device: {full / 2**20:.2f} MB"
+            )
+        self.lightning_module._hydralight_state_bytes = {"ranks": each, "full": full}
+
+
+def shard_module(module: nn.Module, names: list[str], mesh: Any, mixed_precision: bool) -> None:
+    """Shard each submodule `names` lists (each child of a ModuleList/Sequential, else the module itself),
+    then `module` as the root, over the 1-D `mesh`; a module sharded already stays as it is (Lightning calls
+    `configure_model` for every stage)."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    if isinstance(module, FSDPModule):
+        return
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else None
+    options: dict[str, Any] = {"mesh": mesh, **({"mp_policy": policy} if policy is not None else {})}
+    for unit in shard_units(module, names):
+        fully_shard(unit, **options)
+    fully_shard(module, **options)
+
+
+def shard_units(module: nn.Module, names: list[str]) -> list[nn.Module]:
+    """The submodules `names` lists, each child of a ModuleList/Sequential or else the module itself, that have
+    parameters (a unit without any has nothing to shard)."""
+    units = []
+    for name in names:
+        try:
+            part = module.get_submodule(name)
+        except AttributeError:
+            children = ", ".join(n for n, _ in module.named_children())
+            raise UserError(
+                f"strategy.shard={name} is no submodule of {type(module).__name__}; name one by its dotted path "
+                f"(its children: {children})"
+            ) from None
+        for unit in list(part.children()) if isinstance(part, nn.ModuleList | nn.Sequential) else [part]:
+            if any(True for _ in unit.parameters()):
+                units.append(unit)
+    return units
+
+
+def state_bytes(module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> tuple[int, int]:
+    """(bytes this rank holds, bytes of the whole) of the module's parameters and the optimizers' state: a
+    sharded tensor (DTensor) counts its local shard and its global size."""
+    from torch.distributed.tensor import DTensor
+
+    def sizes(tensor: torch.Tensor) -> tuple[int, int]:
+        whole = tensor.numel() * tensor.element_size()
+        if isinstance(tensor, DTensor):
+            shard = tensor.to_local()
+            return shard.numel() * shard.element_size(), whole
+        return whole, whole
+
+    tensors = list(module.parameters())
+    tensors += [v for opt in optimizers for state in opt.state.values() for v in state.values() if torch.is_tensor(v)]
+    counted = [sizes(t) for t in tensors if t.dim() > 0]  # Adam's step counters are scalars, not model state
+    return sum(local for local, _ in counted), sum(whole for _, whole in counted)
+
+
 def build_strategy(plan: RunPlan, plan_file: Path) -> str | Strategy:
     """The Lightning strategy for the plan; `plan_file` is the job's saved plan (what extra ranks run)."""
     options = plan.strategy_kwargs()
@@ -64,6 +188,11 @@ def build_strategy(plan: RunPlan, plan_file: Path) -> str | Strategy:
         return "auto"
     if plan.framework.strategy == "ddp_spawn":
         return SpawnDDPStrategy(start_method="spawn", **options)
+    if plan.framework.strategy == "fsdp":
+        mixed = plan.framework.precision == "bf16-mixed"
+        return JobFSDPStrategy(
+            plan_file=plan_file, world_size=plan.hardware.world_size, mixed_precision=mixed, **options
+        )
     return JobDDPStrategy(plan_file=plan_file, **options)
 
 
