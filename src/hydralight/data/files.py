@@ -33,7 +33,8 @@ def decode(path: Path, mode: str | None, size: tuple[int, int] | None) -> torch.
     from PIL import Image
 
     try:
-        with Image.open(path) as img:
+        with Image.open(path) as opened:
+            img: Image.Image = opened
             if mode is not None and img.mode != mode:
                 img = img.convert(mode)
             elif mode is None and img.mode not in CHANNELS:

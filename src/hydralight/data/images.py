@@ -66,7 +66,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.drop_last = drop_last
         self.seed = seed
         self.max_shift = max_shift
-        self.splits: dict[str, Dataset] = {}
+        self.splits: dict[str, TensorImages | WithIds] = {}
         # `predict.source`'s images and labels (`predict_from`); None: predict on the test split.
         self.predict_files: list[tuple[Path, int]] | None = None
         self._normalizers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -165,7 +165,7 @@ class ImageDataModule(pl.LightningDataModule):
         else:
             train, test = self.per_sample_datasets()
             parts = self._parts(len(train))  # type: ignore[arg-type]
-            self.splits = {name: WithIds(Subset(train, idx)) for name, idx in parts.items()}
+            self.splits = {name: WithIds(Subset(train, idx.tolist())) for name, idx in parts.items()}
             self.splits["test"] = WithIds(test)
         self.splits["predict"] = self.splits["test"] if self.predict_files is None else self._images_to_predict()
 
@@ -208,7 +208,9 @@ class ImageDataModule(pl.LightningDataModule):
         )
 
     def _trained_micro_batches(self) -> int:
-        return micro_batches_done(self.trainer)
+        trainer = self.trainer
+        assert trainer is not None  # asked by the training loader, while the trainer runs
+        return micro_batches_done(trainer)
 
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()

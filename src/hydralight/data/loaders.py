@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from hydralight.data.sampling import GlobalBatchSampler
 from hydralight.errors import UserError
 
 
@@ -54,12 +55,18 @@ class ResumableLoader(DataLoader):
         super().__init__(*args, **kwargs)
         self.progress = progress  # micro-batches trained so far in the current epoch
 
+    def _global_batches(self) -> GlobalBatchSampler:
+        sampler = self.batch_sampler
+        assert isinstance(sampler, GlobalBatchSampler), f"a ResumableLoader needs a GlobalBatchSampler, not {sampler}"
+        return sampler
+
     def state_dict(self) -> dict[str, int]:
-        return self.batch_sampler.position(self.progress())
+        return self._global_batches().position(self.progress())
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        sampler = self._global_batches()
         try:
-            self.batch_sampler.resume_at(state)
+            sampler.resume_at(state)
         except ValueError as err:
             raise UserError(f"cannot resume here: {err}") from None
 

@@ -26,7 +26,7 @@ import shlex
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -39,6 +39,10 @@ from hydralight.rundir.layout import SweepDir
 from hydralight.rundir.outcome import read_job
 from hydralight.rundir.record import discard_unused_run_dir, read_json
 from hydralight.rundir.redaction import redact, redact_sweep_record
+
+if TYPE_CHECKING:
+    from hydra.plugins.launcher import Launcher
+    from hydra.types import HydraContext
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +88,7 @@ class Dimension:
 def to_dimension(override: Override) -> Dimension:
     """Hydra sweep syntax -> an Optuna distribution; a glob, a non-sweep value or an empty range is refused."""
     value = override.value()
-    tags = getattr(value, "tags", set()) or set()
+    tags: set[str] = getattr(value, "tags", set()) or set()
     if unknown := tags - {"log", "int"}:
         raise UserError(f"{override.input_line}: unknown tag {', '.join(sorted(unknown))}; the tags are log and int")
     try:
@@ -98,19 +102,23 @@ def _dimension(override: Override, value: Any, tags: set[str]) -> Dimension:
 
     key = override.get_key_element()
     if isinstance(value, ChoiceSweep):
-        choices = list(override.sweep_iterator(transformer=Transformer.identity))
+        # Hydra's choices may be lists or dicts, which Optuna takes as given (with a warning): not narrowed.
+        choices: list[Any] = list(override.sweep_iterator(transformer=Transformer.identity))
         return Dimension(key, dist.CategoricalDistribution(choices))
     if isinstance(value, IntervalSweep):
         low, high = value.start, value.end
+        if low is None or high is None:
+            raise ValueError("an interval needs both ends")
         if "int" in tags:
             return Dimension(key, dist.IntDistribution(int(low), int(high), log="log" in tags))
         return Dimension(key, dist.FloatDistribution(float(low), float(high), log="log" in tags))
     if isinstance(value, RangeSweep):
-        values = list(override.sweep_iterator(transformer=Transformer.identity))
+        values: list[Any] = list(override.sweep_iterator(transformer=Transformer.identity))
         if not values:
             raise ValueError("the range is empty")
-        if all(isinstance(v, int) for v in values) and "log" not in tags:
-            return Dimension(key, dist.IntDistribution(values[0], values[-1], step=int(value.step)))
+        ints = [v for v in values if isinstance(v, int)]
+        if len(ints) == len(values) and "log" not in tags:
+            return Dimension(key, dist.IntDistribution(ints[0], ints[-1], step=int(value.step)))
         return Dimension(key, dist.CategoricalDistribution(values))
     raise UserError(
         f"{override.input_line} cannot be searched; use choice(a, b, ...), range(start, stop, step) "
@@ -157,6 +165,11 @@ def _key(override: str) -> str:
 
 class OptunaSearch(Sweeper):
     """`hydra/sweeper=optuna`: see the module docstring."""
+
+    # Set by setup(), which Hydra calls before sweep(): never None here (Sweeper declares them Optional).
+    hydra_context: HydraContext
+    config: DictConfig
+    launcher: Launcher
 
     def __init__(
         self,
@@ -272,7 +285,9 @@ class OptunaSearch(Sweeper):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        direction = "maximize" if str(self.config.objective.direction) == "max" else "minimize"
+        direction: Literal["minimize", "maximize"] = (
+            "maximize" if str(self.config.objective.direction) == "max" else "minimize"
+        )
         try:
             study = optuna.create_study(
                 study_name=self.study_name, storage=self.storage, direction=direction, load_if_exists=True
@@ -316,7 +331,9 @@ class OptunaSearch(Sweeper):
         for key, value in (("n_trials", self.n_trials), ("n_jobs", self.n_jobs), ("seeds", self.seeds)):
             if value < 1:
                 raise UserError(f"hydra.sweeper.{key}={value} must be at least 1")
-        subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False).get("subdir")
+        sweep = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)
+        assert isinstance(sweep, dict)  # hydra.sweep is a config node
+        subdir = sweep.get("subdir")
         if subdir != "${hydra.job.num}":
             raise UserError(
                 f"a search finds its trials' results in numbered job dirs: leave hydra.sweep.subdir at "
@@ -432,6 +449,7 @@ class OptunaSearch(Sweeper):
             if override.is_sweep_override():
                 space[key] = to_dimension(override)
             else:
+                assert override.input_line is not None  # the parser sets it on every override
                 fixed[key] = override.input_line
         if not space:
             raise UserError(

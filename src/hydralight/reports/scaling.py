@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -18,8 +19,11 @@ if TYPE_CHECKING:
 class Job(Protocol):
     """What the scaling section reads of a job of the sweep (hydralight.reports.sweep.Job)."""
 
-    name: str
-    samples_per_s: float | None
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def samples_per_s(self) -> float | None: ...
 
     @property
     def finished(self) -> bool: ...
@@ -29,6 +33,9 @@ class Job(Protocol):
 
     @property
     def overrides(self) -> dict[str, str]: ...
+
+    @property
+    def plan(self) -> dict[str, Any]: ...
 
     @property
     def machine(self) -> dict[str, Any]: ...
@@ -66,7 +73,7 @@ class ScalingPoint:
         return self.samples_per_s / self.ideal
 
 
-def scaling_points(jobs: list[Job], swept: list[str]) -> list[ScalingPoint]:
+def scaling_points(jobs: Sequence[Job], swept: list[str]) -> list[ScalingPoint]:
     """The points of the finished jobs, by series and world size; none unless they differ in world size."""
     measured = [j for j in jobs if j.finished and j.world_size is not None and j.samples_per_s]
     if len({j.world_size for j in measured}) < 2:
@@ -97,7 +104,7 @@ def describe_machine(machine: dict[str, Any]) -> str:
     return f"{machine.get('hostname', 'unknown host')}: {', '.join(parts)}"
 
 
-def machine_note(jobs: list[Job], points: list[ScalingPoint]) -> str:
+def machine_note(jobs: Sequence[Job], points: list[ScalingPoint]) -> str:
     """Where the points were measured, and what that means for them on a CPU."""
     used = {name for p in points for name in p.jobs}
     measured = [j for j in jobs if j.name in used]

@@ -8,7 +8,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from hydralight.reports import plots
 from hydralight.rundir.layout import SweepDir
@@ -68,7 +68,7 @@ def load_search(sweep_dir: Path) -> Search | None:
     )
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -190,7 +190,7 @@ def write_search_plots(search: Search, sweep_dir: Path, out_dir: Path) -> list[P
     study = load_study(search, sweep_dir)
     if study is None or not search.scored():
         return []
-    named = {"target_name": search.metric}  # the axis says val/acc, not "Objective Value"
+    named: dict[str, Any] = {"target_name": search.metric}  # the axis says val/acc, not "Objective Value"
     wanted = [("history", optuna_plots.plot_optimization_history, named), ("slice", optuna_plots.plot_slice, named)]
     if len(search.params) >= 2:
         wanted += [("contour", optuna_plots.plot_contour, {"params": search.params[:2], **named}),

@@ -172,7 +172,7 @@ class Resume:
         then = record_of(contents)
         target = self.plan.model.spec.get("_target_")
         then_hparams = saved_hparams(contents)
-        now_hparams = plain_hparams(module.hparams, self.plan.model.spec)
+        now_hparams = plain_hparams(dict(module.hparams), self.plan.model.spec)
         way_out = "pick the matching model=..., or start fresh with resume=never / another run dir"
         if "net" in then_hparams or "net" in now_hparams:  # the built-in classifier: its network is the model
             if then_hparams.get("net") != now_hparams.get("net"):

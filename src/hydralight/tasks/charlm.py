@@ -225,9 +225,11 @@ class CharLM(pl.LightningModule):
         return out
 
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        optimizer = torch.optim.AdamW(
+            self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"]
+        )
         steps = max(1, int(self.trainer.estimated_stepping_batches))
-        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.hparams.lr, total_steps=steps)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.hparams["lr"], total_steps=steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     @torch.no_grad()
@@ -236,6 +238,6 @@ class CharLM(pl.LightningModule):
         index = {c: i for i, c in enumerate(vocabulary)}
         tokens = torch.tensor([[index[c] for c in start if c in index] or [0]], device=self.device)
         for _ in range(length):
-            logits = self(tokens[:, -self.hparams.block_size :])[:, -1]
+            logits = self(tokens[:, -self.hparams["block_size"] :])[:, -1]
             tokens = torch.cat([tokens, torch.multinomial(logits.softmax(-1), 1)], dim=1)
         return "".join(vocabulary[i] for i in tokens[0].tolist())

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from torch import nn
-from torchmetrics import MeanMetric, SumMetric
+from torchmetrics import MeanMetric, Metric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from hydralight.errors import UserError
@@ -93,7 +93,9 @@ class Classifier(pl.LightningModule):
             return self.net
         if self._compiled is None:
             self.__dict__["_compiled"] = torch.compile(self.net, mode=self.compile_mode)
-        return self._compiled
+        compiled = self._compiled
+        assert isinstance(compiled, nn.Module)  # torch.compile of a module is a module (OptimizedModule)
+        return compiled
 
     @staticmethod
     def inputs_and_labels(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +116,7 @@ class Classifier(pl.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = self.inputs_and_labels(batch)
-        loss = F.cross_entropy(self(x), y, label_smoothing=self.hparams.label_smoothing)
+        loss = F.cross_entropy(self(x), y, label_smoothing=self.hparams["label_smoothing"])
         # The step value is this rank's, logged as it is; the epoch value is reduced over all ranks and
         # samples once per epoch (a Metric's forward on every step would cost more than the step itself).
         self.train_loss.update(loss.detach(), len(y))
@@ -134,7 +136,9 @@ class Classifier(pl.LightningModule):
         step = self.global_step + 1  # the optimizer step this batch belongs to
         last = trainer.is_last_batch or 0 < trainer.max_steps <= step or trainer.should_stop
         validates = isinstance(trainer.val_check_batch, int) and step % max(1, trainer.val_check_batch) == 0
-        written = step % max(1, trainer.log_every_n_steps) == 0 or bool(trainer.fast_dev_run)
+        # Both set on the Trainer by Lightning's connectors, which its class does not declare.
+        every, fast_dev_run = trainer.log_every_n_steps, trainer.fast_dev_run  # type: ignore[attr-defined]
+        written = step % max(1, every) == 0 or bool(fast_dev_run)
         if last or validates or written:
             self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch_size)
         if (last or validates) and not written:
@@ -150,7 +154,7 @@ class Classifier(pl.LightningModule):
     def _evaluate(self, stage: str, batch: Any) -> None:
         x, y = self.inputs_and_labels(batch)
         logits = self(x)
-        loss, acc, samples = (self.metrics[f"{stage}_{name}"] for name in ("loss", "acc", "samples"))
+        loss, acc, samples = (self._metric(f"{stage}_{name}") for name in ("loss", "acc", "samples"))
         # Metric objects are synced over ranks at epoch end, weighted by samples, not averaged per rank.
         loss(F.cross_entropy(logits, y), len(y))
         acc(logits, y)
@@ -158,6 +162,11 @@ class Classifier(pl.LightningModule):
         self.log(f"{stage}/loss", loss, on_epoch=True, batch_size=len(y))
         self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=True, batch_size=len(y))
         self.log(f"{stage}/samples", samples, on_epoch=True, batch_size=len(y))
+
+    def _metric(self, name: str) -> Metric:
+        metric = self.metrics[name]
+        assert isinstance(metric, Metric)  # every entry of self.metrics is one
+        return metric
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate("val", batch)
@@ -194,15 +203,15 @@ class Classifier(pl.LightningModule):
             self.train_loss.weight = torch.tensor(weight, dtype=self.train_loss.weight.dtype)
 
     def configure_optimizers(self) -> Any:
-        lr = self.hparams.lr
-        spec = self.hparams.optimizer or ADAM
+        lr = self.hparams["lr"]
+        spec = self.hparams["optimizer"] or ADAM
         with _refused_as("optim.optimizer", spec):
             optimizer = instantiate(spec)(self.parameters(), lr=lr)
-        if not self.hparams.scheduler:
+        if not self.hparams["scheduler"]:
             return optimizer
         total = int(self.trainer.estimated_stepping_batches)
-        with _refused_as("optim.scheduler", self.hparams.scheduler, total):
-            factory = instantiate(self.hparams.scheduler)
+        with _refused_as("optim.scheduler", self.hparams["scheduler"], total):
+            factory = instantiate(self.hparams["scheduler"])
             scheduler = factory(optimizer, **run_length_kwargs(factory, lr, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -14,9 +14,9 @@ import threading
 import urllib.error
 import urllib.request
 from argparse import Namespace
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from lightning_fabric.utilities.rank_zero import rank_zero_only
@@ -81,7 +81,7 @@ class HistoryLogger(Logger):
         with self.path.open(newline="") as f:
             return list(csv.DictReader(f))
 
-    def _rewrite(self, columns: list[str], rows: list[Mapping[str, Any]]) -> None:
+    def _rewrite(self, columns: list[str], rows: Sequence[Mapping[str, Any]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with temporary.open("w", newline="") as f:
@@ -122,6 +122,8 @@ WANDB_PROBE_S = 5.0  # for the server to answer one request
 WANDB_INIT_TIMEOUT_S = 15.0  # for wandb.init to start the run (wandb's default: 90 s)
 WANDB_FINISH_TIMEOUT_S = 300.0  # for the last uploads; what is left stays on disk for `wandb sync`
 WANDB_ONLINE_MODES = ("online", "shared", "run")
+WandbMode = Literal["online", "offline", "shared", "disabled", "dryrun", "run"]
+WANDB_MODES: tuple[WandbMode, ...] = ("online", "offline", "shared", "disabled", "dryrun", "run")
 OFFLINE_NOTE = "logging offline instead (upload later with `wandb sync <run dir>/wandb/offline-run-*`)"
 
 
@@ -142,6 +144,16 @@ def explicit_wandb_mode(requested: str) -> str | None:
 def offline_switch(requested: str) -> str:
     """How the user turns a run of this request offline: the config's mode wins over WANDB_MODE."""
     return "WANDB_MODE=offline" if requested == "auto" else "logger.wandb.mode=offline"
+
+
+def known_wandb_mode(mode: str) -> WandbMode:
+    """`mode` as wandb's settings take it; one wandb does not know is refused in one line."""
+    for known in WANDB_MODES:
+        if mode == known:
+            return known
+    raise UserError(
+        f"wandb has no mode {mode} (from logger.wandb.mode or WANDB_MODE); use auto or one of {', '.join(WANDB_MODES)}"
+    )
 
 
 def wandb_mode(requested: str) -> str:
@@ -298,7 +310,7 @@ def start_wandb_logger(spec: dict[str, Any], plan: RunPlan) -> Logger:
     mode = wandb_mode(requested)
     # The process's mode too, not only the run's: wandb's own telemetry follows the process's settings, and
     # would otherwise try the server when the process exits (10 s and more when it does not answer).
-    wandb.setup(wandb.Settings(mode=mode))
+    wandb.setup(wandb.Settings(mode=known_wandb_mode(mode)))
     logger = instantiate(wandb_settings(spec, plan, mode))
     failure = _start(logger)
     if failure is not None and mode == "online" and explicit_wandb_mode(requested) is None:
