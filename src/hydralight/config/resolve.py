@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from hydralight.config.capacity import check_capacity
 from hydralight.config.legacy import upgraded
 from hydralight.config.plan import (
     DataPlan,
@@ -719,8 +720,6 @@ def check_plan(plan: RunPlan, machine: Machine) -> None:
             f"hardware.num_nodes={hw.num_nodes} needs a launcher that starts every node: submit with "
             "hydra/launcher=slurm or start each node with torchrun --nnodes; or use hardware.num_nodes=1"
         )
-    from hydralight.config.capacity import check_capacity
-
     # A SLURM task sees only its own cores and the whole node's memory: its allocation is the request.
     oversubscribe = bool((plan.config.get("hardware") or {}).get("oversubscribe", False))
     check_capacity(hw, None if external_launcher() == "slurm" else machine, oversubscribe)
