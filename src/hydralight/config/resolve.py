@@ -470,7 +470,7 @@ def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo) 
     out; those given on the command line stay, and are checked against its constructor."""
     from hydralight.config.binding import accepted_arguments, import_target
 
-    keys = [_override_key(item) for item in job.overrides]
+    keys = [str(_override_key(item)) for item in job.overrides]
     given = {key.split(".")[1] for key in keys if key.startswith("model.")}
     names, takes_any = accepted_arguments(import_target(str(spec["_target_"]), "model._target_"))
     if takes_any:
@@ -603,7 +603,9 @@ def _resume(c: DictConfig, config: dict[str, Any], run_dir: str) -> ResumePlan:
         ckpt_path = str(own)
     uses_own = c.mode == "train" and policy != "never" and own.is_file()
     for key, path in (("ckpt_path", None if uses_own else ckpt_path), ("init_from", c.get("init_from"))):
-        problem = not_a_checkpoint_file(path) if path else None
+        if not path:
+            continue
+        problem = not_a_checkpoint_file(path)
         if problem is not None and Path(path).exists():  # a missing file is the machine check's (check_plan)
             raise UserError(f"{key}={path} {problem}")
     if c.mode == "eval":

@@ -27,7 +27,7 @@ class Choice(str, Enum):
 
 def _choice(name: str, values: tuple[str, ...]) -> type[Choice]:
     # The functional API accepts values such as "bf16-mixed" that are not Python names.
-    return Choice(name, [(v, v) for v in values])  # type: ignore[return-value]
+    return Choice(name, [(v, v) for v in values])  # type: ignore[call-overload]
 
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
@@ -148,7 +148,7 @@ class ImageFolderDataConf:
     root: str | None = None
     cache_dir: str | None = None
     size: Any = None  # an int or [height, width]
-    mode: ImageMode | None = None  # type: ignore[valid-type]
+    mode: ImageMode | None = None
     loader: FolderLoader = FolderLoader.auto  # type: ignore[attr-defined]
     max_memory_gb: float = 4.0
     val_size: float = 0.1  # a fraction below 1, or a number of images
@@ -160,7 +160,7 @@ class ImageFolderDataConf:
 class TrainerConf:
     """Lightning Trainer arguments the user sets (the others are planned: see PLANNED)."""
 
-    precision: Precision = Precision["32-true"]  # type: ignore[misc]
+    precision: Precision = Precision["32-true"]
     max_epochs: int | None = None
     min_epochs: int | None = None
     max_steps: int = -1

@@ -88,6 +88,7 @@ class JobFSDPStrategy(PlannedRanksModelParallel):
     def setup_environment(self) -> None:
         super().setup_environment()  # the process group and the mesh, before Lightning calls configure_model
         module = self.lightning_module
+        assert module is not None  # connected by the Trainer before it sets up the environment
         if getattr(module, "_hydralight_shards", False):
             return  # set up for an earlier stage (fit, then test)
         if is_overridden("configure_model", module):
@@ -100,11 +101,15 @@ class JobFSDPStrategy(PlannedRanksModelParallel):
                     raise
                 raise SystemExit(2) from None  # every rank finds the same names wrong: rank 0 says it, once
             # The public hook Lightning calls to shard a module, per instance: a module of any class trains.
-            module.configure_model = lambda: shard_module(module, self.shard, self.device_mesh["data_parallel"],
-                                                          self.mixed_precision)  # fmt: skip
+            target, mesh = module, self.device_mesh["data_parallel"]
+
+            def configure_model() -> None:
+                shard_module(target, self.shard, mesh, self.mixed_precision)
+
+            setattr(module, "configure_model", configure_model)  # noqa: B010  # this instance's, not its class's
             units = ", ".join(f"{name}.*" for name in self.shard)
             how = f"strategy.shard: {units + ', then ' if units else ''}the root {type(module).__name__}"
-        module._hydralight_shards = True
+        setattr(module, "_hydralight_shards", True)  # noqa: B010  # a mark on the instance, not an attribute of its class
         if self.global_rank == 0:
             log.info(f"fsdp over {self.world_size} processes: {how}")
 
@@ -117,7 +122,9 @@ class JobFSDPStrategy(PlannedRanksModelParallel):
 
     def _log_state_per_device(self) -> None:
         """Bytes of parameters + optimizer state on each rank, beside the full copy DDP keeps on every rank."""
-        local, full = state_bytes(self.lightning_module, self.optimizers)
+        module = self.lightning_module
+        assert module is not None  # a step was taken
+        local, full = state_bytes(module, self.optimizers)
         each = [0] * self.world_size
         torch.distributed.all_gather_object(each, local)
         if self.global_rank == 0:
@@ -126,7 +133,7 @@ class JobFSDPStrategy(PlannedRanksModelParallel):
                 f"fsdp: parameters + optimizer state per device: {ranks}; "
                 f"a full copy, what DDP keeps on each device: {full / 2**20:.2f} MB"
             )
-        self.lightning_module._hydralight_state_bytes = {"ranks": each, "full": full}
+        setattr(module, "_hydralight_state_bytes", {"ranks": each, "full": full})  # noqa: B010  # read by tests
 
 
 def shard_module(module: nn.Module, names: list[str], mesh: Any, mixed_precision: bool) -> None:
@@ -175,7 +182,7 @@ def state_bytes(module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> t
             return shard.numel() * shard.element_size(), whole
         return whole, whole
 
-    tensors = list(module.parameters())
+    tensors: list[torch.Tensor] = list(module.parameters())
     tensors += [v for opt in optimizers for state in opt.state.values() for v in state.values() if torch.is_tensor(v)]
     counted = [sizes(t) for t in tensors if t.dim() > 0]  # Adam's step counters are scalars, not model state
     return sum(local for local, _ in counted), sum(whole for _, whole in counted)
@@ -258,7 +265,7 @@ def _forward_stop_signals() -> Any:
     def forward(signum: int, frame: FrameType | None) -> None:
         handled.set()
         stop_once()
-        then = previous[signum]
+        then = previous[signal.Signals(signum)]
         if callable(then):
             then(signum, frame)
         elif then == signal.SIG_DFL:  # end as the signal would have ended this process
@@ -272,7 +279,8 @@ def _forward_stop_signals() -> Any:
     earlier_wake = signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
     if earlier_wake != -1:  # someone else listens (an event loop): leave it to them, the handler still forwards
         signal.set_wakeup_fd(earlier_wake)
-        os.close(woken), os.close(wake)
+        os.close(woken)
+        os.close(wake)
         woken = wake = -1
 
     def watch() -> None:
