@@ -19,7 +19,7 @@ REJECTED = [
     ("mode=tain", "mode=tain is not allowed; use one of train, eval, predict"),
     ("optim.lr_scaling=cubic", "optim.lr_scaling=cubic is not allowed; use one of none, linear, sqrt"),
     ("data.loader=pandas", "data.loader=pandas is not allowed; use one of tensor, torchvision"),
-    ("strategy.name=fsdp", "strategy.name=fsdp is not allowed; use one of auto, ddp, ddp_spawn"),
+    ("strategy.name=deepspeed", "strategy.name=deepspeed is not allowed; use one of auto, ddp, ddp_spawn, fsdp"),
     ("hardware.accelerator=tpu", "hardware.accelerator=tpu is not allowed; use one of auto, cpu, gpu, cuda"),
     ("trainer.precision=bf17", "trainer.precision=bf17 is not allowed; use one of 32-true"),
     ("objective.direction=up", "objective.direction=up is not allowed; use one of max, min"),
