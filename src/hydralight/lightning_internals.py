@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import pytorch_lightning as pl
-from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy
+from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 if TYPE_CHECKING:
@@ -174,9 +174,16 @@ class JobScriptLauncher(_SubprocessScriptLauncher):
         self.children.extend(self.procs)
 
 
-class PlannedRanksDDP(DDPStrategy):
-    """DDP whose locally started ranks run a saved plan: the strategy's private `_configure_launcher` is the
-    only place its script launcher (`strategy._launcher`) can be swapped for one that runs the plan."""
+class _PlannedRanks(ParallelStrategy):
+    """A strategy whose locally started ranks run a saved plan: its private `_configure_launcher` is the only
+    place its script launcher (`strategy._launcher`) can be swapped for one that runs the plan."""
+
+    if TYPE_CHECKING:  # both strategies it is mixed into have them
+
+        @property
+        def num_processes(self) -> int: ...
+
+        num_nodes: int
 
     def __init__(self, *args: Any, plan_file: Path, children: list[subprocess.Popen], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -191,18 +198,9 @@ class PlannedRanksDDP(DDPStrategy):
             )  # fmt: skip
 
 
-class PlannedRanksModelParallel(ModelParallelStrategy):
-    """Lightning's ModelParallelStrategy (FSDP2) whose locally started ranks run a saved plan, as
-    `PlannedRanksDDP` does for DDP: its private `_configure_launcher` sets the script launcher that is swapped."""
+class PlannedRanksDDP(_PlannedRanks, DDPStrategy):
+    """DDP whose locally started ranks run a saved plan."""
 
-    def __init__(self, *args: Any, plan_file: Path, children: list[subprocess.Popen], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.plan_file, self.children = plan_file, children
 
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        if isinstance(self._launcher, _SubprocessScriptLauncher):
-            self._launcher = JobScriptLauncher(
-                self.cluster_environment, self.num_processes, self.num_nodes,
-                plan_file=self.plan_file, children=self.children,
-            )  # fmt: skip
+class PlannedRanksModelParallel(_PlannedRanks, ModelParallelStrategy):
+    """Lightning's ModelParallelStrategy (FSDP2) whose locally started ranks run a saved plan, as DDP's do."""
