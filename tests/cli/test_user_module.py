@@ -42,6 +42,7 @@ def test_a_user_module_trains_as_it_is_and_is_judged_by_its_own_metric(tmp_path)
     assert len(validated) == 3 and found["objective"] == {"metric": "val/mse", "direction": "min",
                                                             "value": pytest.approx(min(validated))}  # fmt: skip
     assert found["test"]["test/mse"] == pytest.approx(float(lines[-1].split()[0].split("=")[1]), abs=1e-4)
+    assert "test/acc" not in found  # the classifier's headline only where a module measures accuracy
     assert "epoch000-step" not in found["best_checkpoint"] or min(validated) == validated[0]
     # Its constructor got the plan's lr and the data's input size; its own hyperparameters are saved plain.
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)

@@ -116,14 +116,16 @@ def run_results(
     metrics = {k: float(v) for k, v in metrics.items()}
     # Samples this attempt trained, over this attempt's time (a resumed run started at a later step).
     samples = (trainer.global_step - start_step) * global_size
+    # The built-in classifier's headline, kept at the top level where earlier results had it; only for a
+    # module that logs it (a null there read as "accuracy was measured and lost" for a regression module).
+    headline = {"test/acc": metrics["test/acc"]} if "test/acc" in metrics else {}
     return {
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
         "best_checkpoint": best or None,
         "metrics": metrics,
         "test": {k: v for k, v in metrics.items() if k.startswith("test/")},
-        # The built-in classifier's headline, kept where earlier results had it.
-        "test/acc": metrics.get("test/acc"),
+        **headline,
         "objective": {
             "metric": objective.metric,
             "direction": objective.direction,
