@@ -253,3 +253,16 @@ def test_a_module_of_a_lightning_package_imported_before_hydralight_is_one_line(
     monkeypatch.setitem(sys.modules, "their_tasks", mine)
     with pytest.raises(UserError, match=r"is a LightningModule of the `lightning` package.*import hydralight first"):
         module_class({"_target_": "their_tasks.Lit"})
+
+
+def test_the_batchnorm_advice_for_a_user_module_is_said_once_with_a_key_it_takes(tmp_path):
+    normed = [*REGRESSION, "model._target_=my_tasks.normed.NormedRegressor", "trainer.max_epochs=1"]
+    ok(user_run(normed, tmp_path / "plain"))
+    reasons = results(tmp_path / "plain")["world_size_invariance"]["reasons"]
+    said = [r for r in reasons if "BatchNorm" in r]
+    # Its config has no sync_batchnorm key (model.sync_batchnorm=true would not be one): the advice adds it.
+    advice = "add sync_batchnorm: true to the model's config, or +model.sync_batchnorm=true on the command line"
+    assert said == [f"2 BatchNorm layers (net.1, net.4) normalize each process's micro-batch; {advice}"], reasons
+    # What it names is taken, and settles the BatchNorm.
+    ok(user_run([*normed, "+model.sync_batchnorm=true"], tmp_path / "synced"))
+    assert not [r for r in results(tmp_path / "synced")["world_size_invariance"]["reasons"] if "BatchNorm" in r]

@@ -18,7 +18,7 @@ from hydralight.keyed import (
     with_sample_dropout,
 )
 from hydralight.tasks.classifier import Classifier
-from hydralight.training.invariance import invariance_report, make_invariant
+from hydralight.training.invariance import batchnorm_advice, invariance_report, make_invariant
 
 
 def dropped(layer: nn.Module, x: torch.Tensor, ids: torch.Tensor, seed: int = 7, epoch: int = 0) -> torch.Tensor:
@@ -158,3 +158,21 @@ def test_global_batchnorm_over_two_ranks_equals_one_process():
     assert torch.allclose(out[0][3], one.running_mean, atol=1e-6) and torch.allclose(
         out[0][4], one.running_var, atol=1e-5
     )
+
+
+def test_the_batchnorm_advice_is_one_reason_with_the_key_the_model_config_has():
+    class Data:
+        sample_ids = True
+        shards_by_rank = True
+
+    # A deep network: one reason however many BatchNorms, naming a few and counting the rest.
+    deep = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)) for _ in range(30)])
+    reasons = invariance_report(deep, Data(), sync_batchnorm=False)["reasons"]
+    assert reasons == ["30 BatchNorm layers (0.1, 1.1, 2.1 and 27 more) normalize each process's micro-batch; "
+                       "set model.sync_batchnorm=true"]  # fmt: skip
+    # The built-in options have the key; a LightningModule's own config does not, and is told to add it.
+    assert batchnorm_advice({"net": {}, "sync_batchnorm": False}) == "set model.sync_batchnorm=true"
+    own = batchnorm_advice({"_target_": "my_tasks.regression.Regressor", "hidden": 32})
+    assert "+model.sync_batchnorm=true" in own and "set model.sync_batchnorm" not in own
+    assert invariance_report(deep, Data(), sync_batchnorm=False, advice=own)["reasons"][0].endswith(own)
+    assert invariance_report(deep, Data(), sync_batchnorm=True)["holds"]

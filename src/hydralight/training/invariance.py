@@ -4,6 +4,7 @@ per-sample keys set around each training step, and a report of what a model or d
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import pytorch_lightning as pl
@@ -84,15 +85,44 @@ def _random_transforms(root: Any, depth: int = 5) -> list[str]:
     return sorted(set(found))
 
 
-def invariance_report(model: nn.Module, datamodule: Any, sync_batchnorm: bool) -> dict[str, Any]:
+# The built-in model options (conf/model/*.yaml, the schema's `model`) have the key.
+SET_SYNC_BATCHNORM = "set model.sync_batchnorm=true"
+# A model config of the user's own (a LightningModule's constructor arguments) lacks it: Hydra refuses
+# `model.sync_batchnorm=true` there as not a config key, while an added key reaches the project, not the module.
+ADD_SYNC_BATCHNORM = "add sync_batchnorm: true to the model's config, or +model.sync_batchnorm=true on the command line"
+# BatchNorm layers named in the advice before the rest are counted (a timm network has dozens).
+_NAMED_LAYERS = 3
+
+
+def batchnorm_advice(model_config: Mapping[str, Any]) -> str:
+    """How BatchNorm over every rank is turned on for the run's model config: the key it has, or the one to add."""
+    return SET_SYNC_BATCHNORM if "sync_batchnorm" in model_config else ADD_SYNC_BATCHNORM
+
+
+def _batchnorm_reason(names: list[str], advice: str) -> str:
+    """One reason for all of a network's per-process BatchNorms: the advice is the same for each."""
+    if len(names) == 1:
+        return f"{names[0]} is a BatchNorm over each process's micro-batch; {advice}"
+    shown = ", ".join(names[:_NAMED_LAYERS]) + (
+        f" and {len(names) - _NAMED_LAYERS} more" if len(names) > _NAMED_LAYERS else ""
+    )
+    return f"{len(names)} BatchNorm layers ({shown}) normalize each process's micro-batch; {advice}"
+
+
+def invariance_report(
+    model: nn.Module, datamodule: Any, sync_batchnorm: bool, advice: str = SET_SYNC_BATCHNORM
+) -> dict[str, Any]:
     """Whether 1 and N processes train the same network with this model, data and `model.sync_batchnorm`,
-    and, when not, why (what we cannot key)."""
-    reasons = []
+    and, when not, why (what we cannot key); `advice`: how this run's config turns BatchNorm over every rank on
+    (`batchnorm_advice`)."""
+    reasons, batchnorms = [], []
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.dropout._DropoutNd):
             reasons.append(f"{name} is torch's {type(module).__name__}: each process draws its own masks")
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and not sync_batchnorm:
-            reasons.append(f"{name} is a BatchNorm over each process's micro-batch; set model.sync_batchnorm=true")
+            batchnorms.append(name)
+    if batchnorms:
+        reasons.append(_batchnorm_reason(batchnorms, advice))
     uses_keys = any(isinstance(m, SampleDropout) for m in model.modules())
     if uses_keys and not getattr(datamodule, "sample_ids", False):
         reasons.append("the batches carry no sample ids (sample_ids = True): per-sample dropout falls back to torch's")
@@ -107,12 +137,14 @@ class InvarianceCheck(pl.Callback):
     """At the start of fit (the data set up, the model built): say whether 1 and N processes train alike
     with this model and data, and why not; the report goes into `into` (the run's manifest and results)."""
 
-    def __init__(self, sync_batchnorm: bool, into: dict[str, Any]) -> None:
+    def __init__(self, sync_batchnorm: bool, into: dict[str, Any], advice: str = SET_SYNC_BATCHNORM) -> None:
         self.sync_batchnorm = sync_batchnorm
         self.into = into
+        self.advice = advice
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        report = invariance_report(pl_module, getattr(trainer, "datamodule", None), self.sync_batchnorm)
+        datamodule = getattr(trainer, "datamodule", None)
+        report = invariance_report(pl_module, datamodule, self.sync_batchnorm, self.advice)
         self.into["world_size_invariance"] = report
         if not trainer.is_global_zero or report["holds"]:
             return
