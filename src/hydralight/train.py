@@ -19,7 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from hydralight import lightning_namespaces
-from hydralight.config.compose import Invocation, compose_jobs, mode_known
+from hydralight.config.compose import Invocation, compose_jobs, mode_known, reach_module_arguments
 from hydralight.config.plan import Machine, RunPlan
 from hydralight.config.resolve import JobInfo
 from hydralight.config.schema import register
@@ -225,6 +225,7 @@ def _start(invocation: Invocation) -> None:
     global _locked_before_hydra, _hydra_record_before
     # Every job's config is composed and type-checked first: a wrong value is one line, before any run dir.
     modes: set = set()
+    invocation = reach_module_arguments(CONFIG_DIR, "train", invocation)
     configs = compose_jobs(CONFIG_DIR, "train", invocation, modes)
     if invocation.print_only:
         from hydralight.config.resolve import resources

@@ -78,7 +78,7 @@ def test_a_user_module_continues_after_a_stop_and_a_larger_budget_and_refuses_ot
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["+model.lr=0.1"], "model.lr is set by the plan; set optim.lr instead"),
+        (["model.lr=0.1", "optim.lr=0.2"], "optim.lr=0.2 is given, but model.lr in its own config decides its lr"),
         (["+model.width=3"], "model.width is not an argument of Regressor (it takes dropout, hidden, in_features, lr)"),
         (["optim=sgd"], "optim=sgd is given, but Regressor takes no optimizer argument"),
         (["model=template", "optim.lr=0.1"], "optim.lr=0.1 is given, but TemplateModule takes no lr argument"),
@@ -253,6 +253,27 @@ def test_a_module_of_a_lightning_package_imported_before_hydralight_is_one_line(
     monkeypatch.setitem(sys.modules, "their_tasks", mine)
     with pytest.raises(UserError, match=r"is a LightningModule of the `lightning` package.*import hydralight first"):
         module_class({"_target_": "their_tasks.Lit"})
+
+
+@pytest.mark.parametrize(
+    ("args", "lr", "plan_says"),
+    [
+        ([], 0.01, "lr 0.01 (the module's own)"),  # LitRegressor's default: not replaced by optim.lr's 1e-3
+        (["optim.lr=0.05"], 0.05, "lr 0.05;"),  # chosen on the command line (a sweep's or a search's value too)
+        (["model.lr=0.07"], 0.07, "lr 0.07 (the module's own)"),  # any constructor argument, no + needed
+    ],
+)
+def test_a_module_s_own_learning_rate_stands_unless_this_run_sets_one(tmp_path, args, lr, plan_says):
+    run = tmp_path / "run"
+    result = ok(user_run([*LIGHTNING[:-1], "data=lit_points", "trainer.max_steps=2", *args], run))
+    assert plan_says in result.stdout.splitlines()[0], result.stdout
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["hyper_parameters"]["lr"] == lr
+
+
+def test_the_built_in_classifier_s_learning_rate_is_optim_lr_only(tmp_path):
+    line = one_line(run_cli(["+model.lr=0.1"], tmp_path / "run"))
+    assert "model.lr is set by the plan; set optim.lr instead" in line
 
 
 def test_the_batchnorm_advice_for_a_user_module_is_said_once_with_a_key_it_takes(tmp_path):

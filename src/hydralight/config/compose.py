@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import shlex
 import sys
 from collections.abc import Iterator
@@ -187,6 +188,34 @@ def shadowed_options(config_dir: str, user: Path = Path("conf")) -> list[str]:
         for path in sorted(user.rglob("*.yaml"))
         if path.parent != user and (Path(config_dir) / path.relative_to(user)).is_file()
     ]
+
+
+def reach_module_arguments(config_dir: str, config_name: str, invocation: Invocation) -> Invocation:
+    """The command line with `model.X=v` read as `++model.X=v` where X is an argument of your module's constructor
+    that its config does not list: Hydra refuses a key it has never seen, and the constructor takes it."""
+    given = [a for a in invocation.overrides if re.match(r"model\.\w+=", a)]
+    if not given:
+        return invocation
+    from hydra import compose, initialize_config_dir
+
+    from hydralight.config.binding import accepted_arguments, import_target
+
+    # The module the rest of the command line chooses (sweep values left out: they choose no module).
+    rest = [a for a in invocation.overrides if a not in given and not re.search(r"[,(]", a.partition("=")[2])]
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+            model = compose(config_name=config_name, overrides=rest).get("model") or {}
+    except Exception:  # compose_jobs says what is wrong with the command line
+        return invocation
+    missing = {a for a in given if a.split("=", 1)[0].split(".")[1] not in model}
+    if not missing or "_target_" not in model or "net" in model:  # the classifier's arguments are all listed
+        return invocation
+    try:
+        names, _ = accepted_arguments(import_target(str(model["_target_"]), "model._target_"))
+    except UserError:
+        return invocation  # said where the module is built
+    taken = {a for a in missing if a.split("=", 1)[0].split(".")[1] in names}
+    return Invocation(tuple(f"++{a}" if a in taken else a for a in invocation.argv))
 
 
 def compose_jobs(

@@ -434,11 +434,15 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
         # A network for the built-in classifier, configured before models had a target; it builds the network.
         spec.update(_target_=CLASSIFIER, _recursive_=False)
     options = {key: spec.pop(key) for key in MODULE_OPTIONS if key in spec}
+    builtin = spec["_target_"] == CLASSIFIER
     for key, owner in MODEL_OWNED.items():
-        if key in spec:
+        # A module of your own may set its own learning rate in its config (model.lr); the classifier's is optim.lr.
+        if key in spec and (builtin or key != "lr"):
             raise UserError(set_by_plan(f"model.{key}", owner))
     optim = c.optim
-    offered: dict[str, Any] = {"lr": task.lr, "seed": int(c.seed)}
+    offered: dict[str, Any] = {"seed": int(c.seed)}
+    if builtin or _lr_chosen(c, job) or _lr_required(spec):
+        offered["lr"] = task.lr  # else a module's own default learning rate stands
     for key in ("optimizer", "scheduler"):
         if optim.get(key) is not None:
             offered[key] = OmegaConf.to_container(optim[key])
@@ -462,6 +466,33 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
         option=job.choices.get("model"),
         replaced=replaced,
     )
+
+
+def _lr_chosen(c: DictConfig, job: JobInfo) -> bool:
+    """Whether this run chose a learning rate: on the command line (a sweep's and a search trial's values are
+    overrides too), or in a preset that changed the optim option's own (experiment=charlm)."""
+    if _overridden(job, "optim.lr", "optim.lr_scaling", groups=("optim",)) is not None:
+        return True
+    option = job.choices.get("optim")
+    shipped = Path(__file__).resolve().parents[1] / "conf" / "optim" / f"{option}.yaml"
+    if not option or not shipped.is_file():
+        return True  # an option of the user's own: its learning rate is a choice
+    own = yaml.safe_load(shipped.read_text()) or {}
+    return c.optim.get("lr") != own.get("lr") or c.optim.get("lr_scaling", "none") != own.get("lr_scaling", "none")
+
+
+def _lr_required(spec: dict[str, Any]) -> bool:
+    """Whether the module's constructor takes `lr` without a default of its own (it must be given one)."""
+    import inspect
+
+    from hydralight.config.binding import import_target
+
+    try:
+        target = import_target(str(spec["_target_"]), "model._target_")
+        parameter = inspect.signature(target).parameters.get("lr")
+    except (UserError, TypeError, ValueError):  # not importable here (a plan made elsewhere): said when it is built
+        return False
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo) -> dict[str, Any]:

@@ -68,8 +68,14 @@ def set_by_plan(key: str, owner: str) -> str:
     return f"{key} is set by the plan; set {owner} instead"
 
 
+# Values the plan gives the built-in classifier, whose typed model config has no key for them.
+PLANNED_MODEL = {"model.lr": "optim.lr", "model.seed": "seed"}
+
+
 def planned_trainer_key(key: str) -> str | None:
-    """The refusal of `trainer.<key>` when the plan owns it, else None."""
+    """The refusal of `trainer.<key>` (or the classifier's `model.lr`) when the plan owns it, else None."""
+    if key in PLANNED_MODEL:
+        return set_by_plan(key, PLANNED_MODEL[key])
     short = key.removeprefix("trainer.")
     return set_by_plan(f"trainer.{short}", PLANNED[short]) if key.startswith("trainer.") and short in PLANNED else None
 

@@ -113,7 +113,9 @@ def plan_line(plan: RunPlan, model: nn.Module) -> str:
     params = sum(p.numel() for p in model.parameters())
     hparams = getattr(model, "hparams", {})
     lr = hparams.get("lr") if "lr" in hparams else None
-    rate = f", lr {lr:g}" if lr is not None else ""
+    # Where it came from: the plan (optim.lr, scaled with the batch) or, for a module of your own, its default.
+    own = " (the module's own)" if lr is not None and "lr" not in plan.model.offered else ""
+    rate = f", lr {lr:g}{own}" if isinstance(lr, int | float) else ""
     return (
         f"plan: {processes} ({hw.cpus_per_task} cpus each){strategy}, {fw.precision}; "
         f"global batch {task.global_size} ({split}){rate}; "
