@@ -127,8 +127,9 @@ class Classifier(pl.LightningModule):
         """Hand the loss to Lightning only when it is used: a `self.log` costs more than a cheap step.
 
         The step value at the steps Lightning writes to the loggers (every `trainer.log_every_n_steps`) and at
-        the last step before a validation or the end, written to the loggers there too (curves of short runs
-        have points, and the progress lines show the latest); the epoch Metric once per epoch and trainer,
+        the last step before a validation or the end, which the run's StepMetricsAtValidation callback writes to
+        the loggers there (curves of short runs have points, and the progress lines show the latest); the epoch
+        Metric once per epoch and trainer,
         which keeps it in the epoch's results (Lightning computes and resets it at the epoch end) while
         `update` above accumulates every step.
         """
@@ -141,11 +142,6 @@ class Classifier(pl.LightningModule):
         written = step % max(1, every) == 0 or bool(fast_dev_run)
         if last or validates or written:
             self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch_size)
-        if (last or validates) and not written:
-            # Lightning writes step values to the loggers only every log_every_n_steps: this one goes to them
-            # here, at the step Lightning would have written it with (loggers write on rank 0 only).
-            for logger in trainer.loggers:
-                logger.log_metrics({"train/loss_step": float(loss), "epoch": self.current_epoch}, step=self.global_step)
         epoch = (id(trainer), self.current_epoch)
         if getattr(self, "_train_loss_logged", None) != epoch:
             self._train_loss_logged = epoch

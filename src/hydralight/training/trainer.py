@@ -28,6 +28,7 @@ from hydralight.training.checkpoint_io import AtomicCheckpointIO
 from hydralight.training.guards import FiniteLoss, ObjectiveLogged
 from hydralight.training.invariance import InvarianceCheck, SampleKeys, batchnorm_advice
 from hydralight.training.modules import validates
+from hydralight.training.step_metrics import StepMetricsAtValidation
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def build_callbacks(plan: RunPlan, module: pl.LightningModule, into: dict[str, A
     callbacks += [
         FiniteLoss(str(RunDir.at(plan.paths.run_dir).last), lr_key="optim.lr" if "lr" in module.hparams else None),
         SampleKeys(plan.seed),
+        StepMetricsAtValidation(),
         InvarianceCheck(plan.model.sync_batchnorm, into=into, advice=batchnorm_advice(plan.config.get("model") or {})),
         *own,
     ]
