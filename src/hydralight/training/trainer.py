@@ -21,8 +21,8 @@ from pytorch_lightning.strategies import Strategy
 
 from hydralight.config.binding import bind, import_target, instantiate
 from hydralight.config.plan import RunPlan
-from hydralight.errors import UserError
-from hydralight.rundir.launch import external_launcher
+from hydralight.errors import EXIT_USER_ERROR, UserError
+from hydralight.rundir.launch import external_launcher, is_rank_zero
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import AtomicCheckpointIO
 from hydralight.training.guards import FiniteLoss, ObjectiveLogged
@@ -101,16 +101,35 @@ def build_trainer(
     return pl.Trainer(**options, plugins=plugins, strategy=strategy, callbacks=callbacks, logger=loggers or False)
 
 
+# Lightning's rewording of torch's error (before a manual backward) and torch's own (at the next forward).
+UNUSED_PARAMETERS = re.compile(
+    r"parameters that were not used in producing the loss|Expected to have finished reduction in the prior iteration"
+)
+
+
 @contextlib.contextmanager
 def lightning_refusals() -> Iterator[None]:
     """Settings Lightning refuses only once `fit` has the data (a validation interval longer than the epoch, an
-    option of a user's module or data it rejects), as one line instead of a traceback from its internals."""
+    option of a user's module or data it rejects, parameters DDP finds unused), as one line instead of a traceback
+    from its internals."""
     from lightning_fabric.utilities.exceptions import MisconfigurationException
 
     try:
         yield
     except MisconfigurationException as err:
         raise UserError(f"Lightning refuses this run's settings: {_first_line(err)}") from None
+    except RuntimeError as err:
+        # DDP reduces every parameter's gradient after each backward; a step that leaves some without one (a GAN's
+        # discriminator step, a branch some batches skip) fails at the next backward or forward, on every rank.
+        if not UNUSED_PARAMETERS.search(str(err)):
+            raise
+        if not is_rank_zero():
+            # Every rank fails alike; rank 0 says it, for the job, and the others leave quietly.
+            raise SystemExit(EXIT_USER_ERROR) from None
+        raise UserError(
+            "DDP found parameters that received no gradient in a training step (some of the module's parameters "
+            "are not used in its loss, or only by another optimizer); set strategy.find_unused_parameters=true"
+        ) from None
     except ValueError as err:
         counts = re.match(r"`val_check_interval` \((\d+)\).*?\((\d+)\)", str(err).strip())
         if counts is None:
