@@ -72,8 +72,9 @@ def test_a_manual_optimization_gan_on_two_processes_continues_after_a_stop_to_th
 
 
 @pytest.mark.slow
-def test_the_gan_without_the_switch_is_one_line_naming_it_and_leaves_no_run_dir(tiny_data, tmp_path):
+@pytest.mark.parametrize("strategy", ["strategy=ddp", "strategy=ddp_spawn"])  # ranks started by us, or forked by torch
+def test_the_gan_without_the_switch_is_one_line_naming_it_and_leaves_no_run_dir(strategy, tiny_data, tmp_path):
     run = tmp_path / "run"
-    line = one_line(gan_run(GAN, run, tiny_data))
+    line = one_line(gan_run([*GAN, strategy], run, tiny_data))
     assert "received no gradient" in line and line.endswith("set strategy.find_unused_parameters=true")
     assert not run.exists()

@@ -113,12 +113,13 @@ def lightning_refusals() -> Iterator[None]:
     option of a user's module or data it rejects, parameters DDP finds unused), as one line instead of a traceback
     from its internals."""
     from lightning_fabric.utilities.exceptions import MisconfigurationException
+    from torch.multiprocessing import ProcessRaisedException
 
     try:
         yield
     except MisconfigurationException as err:
         raise UserError(f"Lightning refuses this run's settings: {_first_line(err)}") from None
-    except RuntimeError as err:
+    except (RuntimeError, ProcessRaisedException) as err:  # the latter: a ddp_spawn rank's error, in its parent
         # DDP reduces every parameter's gradient after each backward; a step that leaves some without one (a GAN's
         # discriminator step, a branch some batches skip) fails at the next backward or forward, on every rank.
         if not UNUSED_PARAMETERS.search(str(err)):
