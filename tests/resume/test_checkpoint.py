@@ -242,3 +242,15 @@ def test_a_checkpoint_path_that_is_no_checkpoint_file_is_one_line(tiny_data, tmp
             assert not (tmp_path / f"new-{i}-{key}").exists()
         line = one_line(run_cli(["mode=eval", f"ckpt_path={path}", "data.val_size=100"], tmp_path / "eval", tiny_data))
         assert says in line, line
+
+
+@pytest.mark.slow
+def test_nothing_to_train_on_two_processes_is_one_line_from_one_rank(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    two = [*BASE, "trainer.max_epochs=1", "hardware.devices=2", "strategy=ddp"]
+    ok(run_cli(two, run, tiny_data))
+    before = files(run)
+    refused = run_cli([*two, "trainer.max_steps=100"], run, tiny_data)
+    line = one_line(refused)
+    assert "nothing to train" in line and (refused.stdout + refused.stderr).count("error:") == 1, refused.stderr
+    assert "Traceback" not in refused.stderr and files(run)["results.json"] == before["results.json"]

@@ -141,6 +141,9 @@ class ResumePlan:
     ckpt_path: str | None = None  # as given: the checkpoint a train run starts from, or the one eval tests
     init_from: str | None = None  # weights only
     finished: dict[str, Any] | None = None  # results of this very run, already finished: nothing to do
+    # The run dir holds a finished run (its config may differ): read once, before this attempt's record replaces
+    # it, and carried to every rank in the plan.
+    finished_before: bool = False
 
 
 @dataclass(frozen=True)

@@ -660,6 +660,7 @@ def _resume(c: DictConfig, config: dict[str, Any], run_dir: str) -> ResumePlan:
         ckpt_path=ckpt_path,
         init_from=c.get("init_from"),
         finished=finished_result(config, run_dir) if policy != "never" else None,
+        finished_before=is_own and (read_json(RunDir.at(run_dir).manifest) or {}).get("status") == "finished",
     )
 
 

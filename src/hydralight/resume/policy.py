@@ -31,7 +31,6 @@ from hydralight.config.trust import check_trusted, configured_targets
 from hydralight.errors import UserError
 from hydralight.resume.state import RECORD, ResumeState, plain_hparams, plain_value
 from hydralight.rundir.layout import RunDir, not_a_checkpoint_file
-from hydralight.rundir.record import read_json
 from hydralight.training.modules import build_module, module_class
 
 log = logging.getLogger(__name__)
@@ -103,9 +102,6 @@ class Resume:
     def __init__(self, plan: RunPlan) -> None:
         self.plan = plan
         self.decision = plan.resume
-        # Read before this attempt's record replaces the manifest: does the dir hold a finished run?
-        manifest = read_json(RunDir.at(plan.paths.run_dir).manifest) if self.decision.own else None
-        self.finished_before = (manifest or {}).get("status") == "finished"
 
     @property
     def ckpt_path(self) -> str | None:
@@ -126,7 +122,7 @@ class Resume:
         }
 
     def callback(self, sizes: dict[str, Any], into: dict[str, Any]) -> ResumeState:
-        return ResumeState(self.record(sizes), into, finished_before=self.finished_before)
+        return ResumeState(self.record(sizes), into, finished_before=self.decision.finished_before)
 
     # -- before anything is written -------------------------------------------------------------------
 

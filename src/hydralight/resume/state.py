@@ -17,7 +17,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from hydralight.errors import UserError
+from hydralight.errors import EXIT_USER_ERROR, UserError
 from hydralight.lightning_internals import forget_train_loader, loader_state_saved, mid_epoch, record_loop_state
 
 log = logging.getLogger(__name__)
@@ -153,6 +153,8 @@ class ResumeState(pl.Callback):
                 "run's results are left as they were"
             )
             refused.before_any_result = True
+            if trainer.global_rank != 0:  # every rank reads the same checkpoint and budget: rank 0 says it
+                raise SystemExit(EXIT_USER_ERROR)
             raise refused
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
