@@ -287,3 +287,18 @@ def test_the_batchnorm_advice_for_a_user_module_is_said_once_with_a_key_it_takes
     # What it names is taken, and settles the BatchNorm.
     ok(user_run([*normed, "+model.sync_batchnorm=true"], tmp_path / "synced"))
     assert not [r for r in results(tmp_path / "synced")["world_size_invariance"]["reasons"] if "BatchNorm" in r]
+
+
+@pytest.mark.slow
+def test_a_search_tunes_a_module_without_an_lr_argument_on_its_own_keys(tiny_data, tmp_path):
+    search = tmp_path / "search"
+    # TemplateModule takes no lr: the preset's optim.lr is left out, its own optimizer's lr is searched.
+    result = ok(user_run(["-m", "model=template", "data.val_size=100", "hardware=cpu", "batch.global_size=32",
+                          "trainer.max_steps=4", "hparams_search=optuna", "hydra.sweeper.n_trials=2",
+                          "hydra.sweeper.n_jobs=1", "model.optimizer.lr=tag(log, interval(1e-3, 1e-1))",
+                          f"hydra.sweep.dir={search}"], tmp_path, tiny_data))  # fmt: skip
+    found = json.loads((search / "search.json").read_text())
+    done = [t for t in found["trials"] if t["state"] == "COMPLETE"]
+    searched = {"model.optimizer.lr"}
+    assert len(done) == 2 and all(set(t["params"]) == searched for t in done), found["trials"]
+    assert "the search leaves the preset's optim.lr out" in result.stdout + result.stderr

@@ -451,12 +451,28 @@ class OptunaSearch(Sweeper):
             else:
                 assert override.input_line is not None  # the parser sets it on every override
                 fixed[key] = override.input_line
+        given = {str(o.get_key_element()) for o in parsed[len(preset) :]}
+        if "optim.lr" in space and "optim.lr" not in given and not self._module_takes_lr():
+            # The preset's learning rate would reach no constructor: every trial would be refused for it.
+            del space["optim.lr"]
+            log.info("the search leaves the preset's optim.lr out: your module takes no lr argument")
         if not space:
             raise UserError(
                 "nothing to search: give hydra.sweeper.params or a sweep override such as "
                 "optim.lr='tag(log, interval(1e-4, 1e-1))'"
             )
         return list(fixed.values()), space
+
+    def _module_takes_lr(self) -> bool:
+        """Whether the sweep's module takes a learning rate (the built-in classifier does)."""
+        from hydralight.config.binding import accepted_arguments, import_target
+
+        target = OmegaConf.select(self.config, "model._target_") or "hydralight.tasks.classifier.Classifier"
+        try:
+            names, takes_any = accepted_arguments(import_target(str(target), "model._target_"))
+        except UserError:
+            return True  # the trials say why it cannot be built
+        return takes_any or "lr" in names
 
     def _feasible(self, dim: Dimension, fixed: list[str]) -> Dimension:
         """The dimension without the choices the resource plan refuses (checked with every other key as given)."""
