@@ -46,6 +46,9 @@ class HistoryLogger(Logger):
         self.path = RunDir.at(run_dir).history
         self._run_dir = run_dir
         self._columns: list[str] | None = None
+        # While set, the epoch its rows are written with in place of the one Lightning passes (its counter is
+        # one ahead during the final validation of a run stopped between validations: training.epochs).
+        self.epoch_of_rows: int | None = None
 
     @property
     def name(self) -> str:
@@ -94,6 +97,8 @@ class HistoryLogger(Logger):
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         row = {"step": step, **{k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}}
+        if self.epoch_of_rows is not None and "epoch" in row:
+            row["epoch"] = self.epoch_of_rows
         columns = self._header()
         new = [k for k in row if k not in columns]
         if new or not self.path.is_file():

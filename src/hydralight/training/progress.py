@@ -9,6 +9,8 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ProgressBar, RichProgressBar
 
+from hydralight.lightning_internals import epoch_complete, micro_batches_done
+
 
 class LineProgress(ProgressBar):
     """One line every N optimizer steps and at each epoch end: readable in SLURM and CI logs (the test's
@@ -22,6 +24,8 @@ class LineProgress(ProgressBar):
         self.every_n_steps = every_n_steps
         self._enabled = True
         self._epoch_start = 0.0
+        # The epoch whose end line was printed, until the next epoch starts.
+        self._line_of_epoch: int | None = None
 
     def disable(self) -> None:
         self._enabled = False
@@ -45,6 +49,7 @@ class LineProgress(ProgressBar):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_start = time.perf_counter()
+        self._line_of_epoch = None
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -56,10 +61,24 @@ class LineProgress(ProgressBar):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         seconds = time.perf_counter() - self._epoch_start
+        # An epoch a step budget or a stop cut short says where it stopped, not "done".
+        done, total = micro_batches_done(trainer), self.total_train_batches
+        ended = "done" if epoch_complete(trainer) else f"stopped at batch {done}/{total}"
         self._print(
             trainer,
-            f"epoch {trainer.current_epoch} done in {seconds:.1f}s step {trainer.global_step} {self._metrics(trainer)}",
+            f"epoch {trainer.current_epoch} {ended} in {seconds:.1f}s step {trainer.global_step} {self._metrics(trainer)}",
         )
+        self._line_of_epoch = trainer.current_epoch
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A validation after its epoch's line (the final one of a run stopped between validations, at the end
+        # of fit) gets a line of its own: the epoch's line showed the previous validation's values, and would
+        # have been the run's last.
+        if self._line_of_epoch is not None and not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._print(
+                trainer,
+                f"epoch {self._line_of_epoch} validated at step {trainer.global_step} {self._metrics(trainer)}",
+            )
 
 
 def progress_bar(every_n_steps: int = 50) -> ProgressBar:

@@ -25,6 +25,7 @@ from hydralight.errors import EXIT_USER_ERROR, UserError
 from hydralight.rundir.launch import external_launcher, is_rank_zero
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import AtomicCheckpointIO
+from hydralight.training.epochs import EpochOfLastStep
 from hydralight.training.guards import FiniteLoss, ObjectiveLogged
 from hydralight.training.invariance import InvarianceCheck, SampleKeys, batchnorm_advice
 from hydralight.training.modules import validates
@@ -43,6 +44,7 @@ def build_callbacks(plan: RunPlan, module: pl.LightningModule, into: dict[str, A
         FiniteLoss(str(RunDir.at(plan.paths.run_dir).last), lr_key="optim.lr" if "lr" in module.hparams else None),
         SampleKeys(plan.seed),
         StepMetricsAtValidation(),
+        EpochOfLastStep(),
         InvarianceCheck(plan.model.sync_batchnorm, into=into, advice=batchnorm_advice(plan.config.get("model") or {})),
         *own,
     ]

@@ -1,0 +1,41 @@
+"""A run stopped inside an epoch by a step budget: its checkpoint names, metrics.csv epochs and last progress
+lines give the epoch its last step was taken in, and a resumed run's epochs go on from there."""
+
+import json
+import re
+
+import pytest
+from conftest import HELPERS, csv_rows, run_cli
+
+PROJECT = HELPERS / "user_project"
+# 512 training points in global batches of 32: 16 steps an epoch; 20 steps stop at batch 4 of epoch 1.
+REGRESSION = ["model=regressor", "data=points", "hardware=cpu", "objective.metric=val/mse", "objective.direction=min",
+              "batch.global_size=32", "trainer.max_epochs=3"]  # fmt: skip
+
+
+def user_run(args, run):
+    result = run_cli(args, run, cwd=PROJECT, PYTHONPATH=str(PROJECT))
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    return result
+
+
+@pytest.mark.slow
+def test_a_run_stopped_inside_an_epoch_names_that_epoch_and_its_resume_goes_on_from_it(tmp_path):
+    run = tmp_path / "run"
+    lines = user_run([*REGRESSION, "trainer.max_steps=20"], run).stdout.splitlines()
+    rows = csv_rows(run)
+    validated = [r for r in rows if "val/mse" in r]
+    # The final validation (after step 20, between the epoch-end validations) is logged in epoch 1, its step's.
+    assert [(int(r["step"]), int(r["epoch"])) for r in validated] == [(15, 0), (19, 1)], validated
+    # The epoch's line says where it stopped; the final validation's values have a line of their own, the last.
+    assert lines[-3].startswith("epoch 1 stopped at batch 4/16 in ") and " step 20 " in lines[-3]
+    assert lines[-2].startswith("epoch 1 validated at step 20 ")
+    assert f"val/mse={float(validated[-1]['val/mse']):.4g}" in lines[-2]
+    # The best checkpoint's name gives the epoch and step of its validation's row.
+    best = json.loads((run / "results.json").read_text())["best_checkpoint"]
+    epoch, step = map(int, re.search(r"epoch(\d+)-step(\d+)\.ckpt$", best).groups())
+    assert (step - 1, epoch) in [(int(r["step"]), int(r["epoch"])) for r in validated], best
+    # Continued to 40 steps: epoch 1 goes on, and the epoch column never goes back.
+    user_run([*REGRESSION, "trainer.max_steps=40"], run)
+    epochs = [int(r["epoch"]) for r in csv_rows(run) if "epoch" in r and "test/mse" not in r]
+    assert epochs == sorted(epochs) and epochs[-1] == 2, epochs
