@@ -131,8 +131,10 @@ class Invocation:
             extra += shared_run_overrides(run_dir_given)
             if self.resumed_dir is not None and not run_dir_given:
                 extra += [f"hydra.run.dir={self.resumed_dir}", "hydra.output_subdir=null"]
-        # Before any flag: Hydra's parser takes overrides only ahead of `--cfg job` and the like.
-        return [*extra, *self.argv]
+        # Before any flag: Hydra's parser takes overrides only ahead of `--cfg job` and the like; `-m` first, as
+        # overrides after it would be refused ("unrecognized arguments").
+        multirun = [a for a in self.argv if a in ("-m", "--multirun")]
+        return [*multirun, *extra, *(a for a in self.argv if a not in multirun)]
 
     def fixed_run_dir(self) -> str | None:
         """The run dir a single run will write, when the command line names it (a rerun, a requeue,

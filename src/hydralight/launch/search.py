@@ -451,11 +451,19 @@ class OptunaSearch(Sweeper):
             else:
                 assert override.input_line is not None  # the parser sets it on every override
                 fixed[key] = override.input_line
-        given = {str(o.get_key_element()) for o in parsed[len(preset) :]}
-        if "optim.lr" in space and "optim.lr" not in given and not self._module_takes_lr():
-            # The preset's learning rate would reach no constructor: every trial would be refused for it.
-            del space["optim.lr"]
-            log.info("the search leaves the preset's optim.lr out: your module takes no lr argument")
+        given = {str(o.get_key_element()).lstrip("+~") for o in parsed[len(preset) :]}
+        if "optim.lr" in space and "optim.lr" not in given:
+            # The preset's learning rate would reach no constructor, or contradict model.lr: every trial refused.
+            why = (
+                "model.lr is given"
+                if "model.lr" in given
+                else None
+                if self._module_takes_lr()
+                else "your module takes no lr argument"
+            )
+            if why is not None:
+                del space["optim.lr"]
+                log.info(f"the search leaves the preset's optim.lr out: {why}")
         if not space:
             raise UserError(
                 "nothing to search: give hydra.sweeper.params or a sweep override such as "
