@@ -230,3 +230,11 @@ def test_a_trial_over_several_seeds_is_scored_by_their_mean(tiny_data, tmp_path)
     assert "scored each trial over 2 seed(s), not 1" in one_line(fewer)
     searched = search(["hydra.sweeper.seeds=2", "seed=choice(1, 2)"], tmp_path / "seeded", tiny_data)
     assert "seed cannot be searched as well" in one_line(searched) and not (tmp_path / "seeded").exists()
+
+
+@pytest.mark.slow
+def test_a_preset_dimension_set_to_null_is_left_out(tiny_data, tmp_path):
+    done = search(["hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1", "hydra.sweeper.params={optim.lr: null}"],
+                  tmp_path / "s", tiny_data)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [set(t["params"]) for t in trials(tmp_path / "s")] == [{"batch.global_size"}] * 2

@@ -61,7 +61,7 @@ class OptunaSearchConf:
     study_name: str = "search"
     # An Optuna storage URL (e.g. sqlite:///search.db); null keeps the study in memory (no resume).
     storage: str | None = None
-    params: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str | None] = field(default_factory=dict)  # null: a preset dimension left out
     # Trials to run first, before sampling (a baseline, settings known to work): [{optim.lr: 1e-3}, ...].
     enqueue: list[dict[str, Any]] = field(default_factory=list)
     # Runs per trial, at seeds seed, seed + 1, ...: the trial's value is their mean.
@@ -179,7 +179,7 @@ class OptunaSearch(Sweeper):
         n_startup_trials: int,
         study_name: str,
         storage: str | None,
-        params: dict[str, str] | None,
+        params: dict[str, str | None] | None,
         enqueue: list[dict[str, Any]] | None = None,
         seeds: int = 1,
     ) -> None:
@@ -435,7 +435,8 @@ class OptunaSearch(Sweeper):
     def _split(self, arguments: list[str]) -> tuple[list[str], dict[str, Dimension]]:
         """Overrides every trial gets, and the searched dimensions (the command line's win over the preset's)."""
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        preset = [f"{key}={value}" for key, value in self.params.items()]
+        # A preset dimension set to null on the command line ('hydra.sweeper.params={optim.lr: null}') is left out.
+        preset = [f"{key}={value}" for key, value in self.params.items() if value is not None]
         try:
             parsed = parser.parse_overrides(preset + list(arguments))
         except Exception as err:
