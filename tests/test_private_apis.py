@@ -24,6 +24,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf, open_dict
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import Logger
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
@@ -1379,3 +1380,46 @@ def test_model_parallel_launcher_is_configured_by_the_strategy() -> None:
     fields = {k: dig(strategy._launcher, k) for k in ("num_processes", "num_nodes", "procs")}
     assert fields == {"num_processes": 2, "num_nodes": 1, "procs": []}, hook.moved(f"the launcher has {fields}")
     assert dig(strategy._launcher, "cluster_environment") is strategy.cluster_environment, hook.moved()
+
+
+def test_a_training_step_s_values_for_the_loggers(tmp_path: Path) -> None:
+    """Step values a module logs reach the loggers at the steps a report needs (training/step_metrics.py): read
+    through the epoch loop's `_should_accumulate()`, `_results.metrics(True)["log"]` and
+    `_batches_that_stepped`."""
+    from hydralight.lightning_internals import accumulating, logging_step, step_values_for_loggers
+
+    hook = Hook("pytorch_lightning", "fit_loop.epoch_loop._results / _should_accumulate / _batches_that_stepped",
+                "training/step_metrics.py", "writing step values Lightning's log_every_n_steps skipped")  # fmt: skip
+    seen: list[tuple[bool, int, set[str]]] = []
+
+    class Reading(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            values = step_values_for_loggers(trainer)
+            assert all(torch.is_tensor(v) for v in values.values()), hook.moved(f"values are {values}")
+            seen.append((accumulating(trainer), logging_step(trainer), set(values)))
+
+    tiny_trainer(tmp_path, max_steps=2, accumulate_grad_batches=2, callbacks=[Reading()]).fit(Tiny())
+    assert seen == [(True, 0, {"loss"}), (False, 0, {"loss"}), (True, 1, {"loss"}), (False, 1, {"loss"})], hook.moved(
+        f"saw {seen}"
+    )
+
+
+def test_best_checkpoint_names_the_epoch_of_its_last_step(tmp_path: Path) -> None:
+    """BestCheckpoint replaces `epoch` among ModelCheckpoint's private `_monitor_candidates` (its file name's
+    values) and keeps Lightning's state key."""
+    from hydralight.lightning_internals import BestCheckpoint
+
+    hook = Hook("pytorch_lightning", "ModelCheckpoint._monitor_candidates / state_key", "lightning_internals.py",
+                "naming the best checkpoint after the epoch of its last step")  # fmt: skip
+    asked: list[dict[str, Any]] = []
+
+    class Watching(BestCheckpoint):
+        def _monitor_candidates(self, trainer: pl.Trainer) -> dict[str, torch.Tensor]:
+            asked.append(candidates := super()._monitor_candidates(trainer))
+            return candidates
+
+    best = Watching(dirpath=tmp_path / "ckpt", filename="{epoch:03d}-{step:06d}", monitor="step", mode="max")
+    tiny_trainer(tmp_path, max_steps=3, callbacks=[best], enable_checkpointing=True).fit(Tiny())
+    assert asked and all({"epoch", "step"} <= set(c) for c in asked), hook.moved(f"candidates were {asked}")
+    assert Path(best.best_model_path).name == "epoch=000-step=000003.ckpt", hook.moved(best.best_model_path)
+    assert best.state_key == ModelCheckpoint(monitor="step", mode="max").state_key, hook.moved(best.state_key)

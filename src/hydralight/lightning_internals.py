@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 if TYPE_CHECKING:
-    from pytorch_lightning.loops.progress import _ProcessedTracker
+    from pytorch_lightning.loops.progress import _ProcessedTracker, _StartedTracker
 
 # -- weight averaging -------------------------------------------------------------------------------------
 
@@ -78,6 +80,29 @@ def log_step_metrics_now(trainer: pl.Trainer) -> None:
     `on_train_batch_end`, which a run stopping at this step skips
     (`trainer._logger_connector.update_train_step_metrics`)."""
     trainer._logger_connector.update_train_step_metrics()
+
+
+def accumulating(trainer: pl.Trainer) -> bool:
+    """Whether the batch just trained accumulates gradients (no optimizer step, nothing logged): the epoch
+    loop's `_should_accumulate()`, which Lightning decides its step logging by and keeps private."""
+    return bool(trainer.fit_loop.epoch_loop._should_accumulate())
+
+
+def loggers_write_this_step(trainer: pl.Trainer) -> bool:
+    """Whether Lightning writes this training step's logged values to the loggers itself (every
+    `log_every_n_steps`, and at a stop): `trainer._logger_connector.should_update_logs`."""
+    return bool(trainer._logger_connector.should_update_logs)
+
+
+def step_values_for_loggers(trainer: pl.Trainer) -> dict[str, Any]:
+    """What the module logged on this training step for the loggers (`self.log(..., on_step=True)`), as
+    Lightning's own write takes them: the epoch loop's private results, `_results.metrics(True)["log"]`."""
+    return dict(trainer.fit_loop.epoch_loop._results.metrics(True)["log"])
+
+
+def logging_step(trainer: pl.Trainer) -> int:
+    """The step Lightning writes training values at (`epoch_loop._batches_that_stepped`, no public getter)."""
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
 def forget_train_loader(trainer: pl.Trainer) -> None:
@@ -204,3 +229,31 @@ class PlannedRanksDDP(_PlannedRanks, DDPStrategy):
 
 class PlannedRanksModelParallel(_PlannedRanks, ModelParallelStrategy):
     """Lightning's ModelParallelStrategy (FSDP2) whose locally started ranks run a saved plan, as DDP's do."""
+
+
+# -- the epoch of the last step ----------------------------------------------------------------------
+
+
+def epoch_of_last_step(trainer: pl.Trainer) -> int:
+    """The epoch (from 0, as Lightning counts) the latest step belongs to: the last one started. The loop's
+    `started` counter is not moved by the end of an epoch, as `current_epoch` (its `completed`) is."""
+    # The tracker is a _StartedTracker; `_Progress` declares its base, which has no `started`.
+    current = cast("_StartedTracker", trainer.fit_loop.epoch_progress.current)
+    return max(0, current.started - 1)
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, its `{epoch}` the epoch of the checkpoint's last step: the private
+    `_monitor_candidates` is where the values of its file name come from (hydralight.training.epochs says why)."""
+
+    @property
+    def state_key(self) -> str:
+        # The key Lightning's own class saves its state under (best score and path): a run saved with it
+        # continues with its best checkpoint.
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def _monitor_candidates(self, trainer: pl.Trainer) -> dict[str, torch.Tensor]:
+        candidates = super()._monitor_candidates(trainer)
+        if "epoch" not in trainer.callback_metrics and trainer.state.fn == "fit":  # a module's own `epoch` stands
+            candidates["epoch"] = torch.tensor(epoch_of_last_step(trainer))
+        return candidates

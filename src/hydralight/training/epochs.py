@@ -9,40 +9,17 @@ then went back from.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import pytorch_lightning as pl
-import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
 
+from hydralight.lightning_internals import BestCheckpoint, epoch_of_last_step
 from hydralight.training.loggers import HistoryLogger
 
+__all__ = ["BestCheckpoint", "EpochOfLastStep", "epoch_of_last_step"]  # BestCheckpoint: conf/callbacks' target
+
 if TYPE_CHECKING:
-    from pytorch_lightning.loops.progress import _StartedTracker
-
-
-def epoch_of_last_step(trainer: pl.Trainer) -> int:
-    """The epoch (from 0, as Lightning counts) the latest step belongs to: the last one started. The loop's
-    `started` counter is not moved by the end of an epoch, as `current_epoch` (its `completed`) is."""
-    # The tracker is a _StartedTracker; `_Progress` declares its base, which has no `started`.
-    current = cast("_StartedTracker", trainer.fit_loop.epoch_progress.current)
-    return max(0, current.started - 1)
-
-
-class BestCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint, its `{epoch}` the epoch of the checkpoint's last step."""
-
-    @property
-    def state_key(self) -> str:
-        # The key Lightning's own class saves its state under (best score and path): a run saved with it
-        # continues with its best checkpoint.
-        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
-
-    def _monitor_candidates(self, trainer: pl.Trainer) -> dict[str, torch.Tensor]:
-        candidates = super()._monitor_candidates(trainer)
-        if "epoch" not in trainer.callback_metrics and trainer.state.fn == "fit":  # a module's own `epoch` stands
-            candidates["epoch"] = torch.tensor(epoch_of_last_step(trainer))
-        return candidates
+    pass
 
 
 class EpochOfLastStep(pl.Callback):

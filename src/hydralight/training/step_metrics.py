@@ -7,6 +7,8 @@ from typing import Any
 
 import pytorch_lightning as pl
 
+from hydralight.lightning_internals import accumulating, loggers_write_this_step, logging_step, step_values_for_loggers
+
 
 class StepMetricsAtValidation(pl.Callback):
     """Lightning writes step values (`self.log(..., on_step=True)`) to the loggers only every
@@ -26,18 +28,15 @@ class StepMetricsAtValidation(pl.Callback):
     ) -> None:
         # Lightning's own decision, taken right after this hook (training_epoch_loop.advance): no write while
         # gradients accumulate, and a write at its logging steps (and at a stop).
-        loop = trainer.fit_loop.epoch_loop
-        if loop._should_accumulate() and pl_module.automatic_optimization:
+        if accumulating(trainer) and pl_module.automatic_optimization:
             return
-        connector = trainer._logger_connector
         # fast_dev_run is set on the Trainer by Lightning's connectors, which its class does not declare.
-        if connector.should_update_logs or trainer.fast_dev_run:  # type: ignore[attr-defined]
+        if loggers_write_this_step(trainer) or trainer.fast_dev_run:  # type: ignore[attr-defined]
             self._pending = None
             return
-        # The values have to be taken now: the next step's logging and the epoch's end replace them. Taken
-        # from the training results as Lightning's own write takes them (on_step values meant for loggers).
-        values = loop._results.metrics(True)["log"]
-        self._pending = (loop._batches_that_stepped, trainer.current_epoch, dict(values)) if values else None
+        # The values have to be taken now: the next step's logging and the epoch's end replace them.
+        values = step_values_for_loggers(trainer)
+        self._pending = (logging_step(trainer), trainer.current_epoch, values) if values else None
 
     def _write(self, trainer: pl.Trainer) -> None:
         if self._pending is None:
