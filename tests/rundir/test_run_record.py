@@ -22,3 +22,17 @@ def test_manifest_records_the_run(tiny_data, tmp_path):
     assert manifest["metrics"]["test/acc"] == json.loads((run / "results.json").read_text())["test/acc"]
     assert manifest["best_checkpoint"].endswith(".ckpt")
     assert set(manifest["git"]) == {"commit", "dirty"}
+
+
+def test_a_run_dir_with_only_its_record_and_lock_leftovers_is_discarded(tmp_path):
+    from hydralight.rundir.record import discard_unused_run_dir
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "manifest.json", ".lock", ".lock.break.1234.abcd", "train.log"):
+        (run / name).write_text("x")
+    assert discard_unused_run_dir(run) and not run.exists()
+    kept = tmp_path / "kept"
+    (kept / "checkpoints").mkdir(parents=True)
+    (kept / ".lock.break.1").write_text("x")
+    assert not discard_unused_run_dir(kept) and (kept / "checkpoints").is_dir()

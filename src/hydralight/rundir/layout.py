@@ -13,6 +13,8 @@ MANIFEST = "manifest.json"
 LOCK = ".lock"
 HYDRA_RECORD = ".hydra"
 RECORD_ONLY = frozenset({HYDRA_RECORD, "multirun.yaml", CONFIG, PLAN, MANIFEST, LOCK})
+# What a takeover of a stale lock leaves beside it when it is killed midway (filelock's lease markers).
+LOCK_LEFTOVERS = f"{LOCK}.break."
 # What it writes while and after it trains.
 RESULTS = "results.json"
 CHECKPOINTS = "checkpoints"

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from hydralight.rundir.layout import RECORD_ONLY, RunDir
+from hydralight.rundir.layout import LOCK_LEFTOVERS, RECORD_ONLY, RunDir
 from hydralight.rundir.redaction import redact, redact_hydra_records
 
 PACKAGES = ("torch", "torchvision", "pytorch-lightning", "torchmetrics", "hydra-core", "omegaconf", "wandb", "submitit")
@@ -119,7 +119,7 @@ def discard_unused_run_dir(path: Path) -> bool:
         return False
     redact_hydra_records(path)  # a plan-only job of a sweep: the sweep's record stays
     entries = list(path.iterdir())
-    if any(e.name not in RECORD_ONLY and e.suffix != ".log" for e in entries):
+    if any(e.name not in RECORD_ONLY and e.suffix != ".log" and not e.name.startswith(LOCK_LEFTOVERS) for e in entries):
         return False
     for entry in entries:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
