@@ -90,6 +90,7 @@ def test_a_user_module_continues_after_a_stop_and_a_larger_budget_and_refuses_ot
         ),
         (["+data.shuffle=true"], "data.shuffle is not an argument of RegressionData"),
         (["model.hidden=-3"], "my_tasks.regression.Regressor could not be built from its config: RuntimeError: "),
+        (["+model.in_features=7"], "model.in_features=7 differs from the in_features the data states (4)"),
     ],
 )
 def test_what_a_user_module_cannot_take_is_one_line(tmp_path, args, said):
@@ -302,3 +303,17 @@ def test_a_search_tunes_a_module_without_an_lr_argument_on_its_own_keys(tiny_dat
     searched = {"model.optimizer.lr"}
     assert len(done) == 2 and all(set(t["params"]) == searched for t in done), found["trials"]
     assert "the search leaves the preset's optim.lr out" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_your_module_is_evaluated_and_predicted_with_or_without_its_option(tmp_path):
+    run = tmp_path / "run"
+    common = [*LIGHTNING[:-1], "data=lit_points"]
+    ok(user_run([*common, "trainer.max_steps=4", "model.hidden=4"], run))
+    ckpt = f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"
+    plain = [a for a in common if not a.startswith("model=")]
+    for i, args in enumerate([[], ["model=lit"], ["model._target_=my_tasks.lightning_namespace.LitRegressor"]]):
+        done = ok(user_run([*plain, *args, "mode=eval", ckpt], tmp_path / f"eval{i}"))
+        assert done.stdout.splitlines()[-1].startswith("test/mse="), (args, done.stdout[-500:])
+    line = one_line(user_run([*plain, "model=lit", "model.hidden=8", "mode=eval", ckpt], tmp_path / "other"))
+    assert "model.hidden differs: model.hidden=8" in line, line

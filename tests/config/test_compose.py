@@ -61,3 +61,11 @@ def test_an_unquoted_dir_with_spaces_is_refused_in_one_line_before_anything_is_w
     assert printed.returncode == 0, printed.stderr[-2000:]
     assert f"  dir: {fixed.split('=', 1)[1].strip(chr(39))}\n" in printed.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cfg_with_a_sweep_is_one_line():
+    from hydralight.config.compose import compose_jobs
+    from hydralight.train import CONFIG_DIR
+
+    with pytest.raises(UserError, match="--cfg prints the config of one run; drop -m"):
+        compose_jobs(CONFIG_DIR, "train", Invocation(("--cfg", "job", "-m", "optim.lr=1,2")))

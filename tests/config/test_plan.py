@@ -328,3 +328,8 @@ def test_a_job_elsewhere_refuses_auto_naming_the_field(overrides, named):
 )
 def test_the_epoch_default_never_binds_a_step_budget_given_alone(overrides, epochs):
     assert plan_of(*overrides).trainer["max_epochs"] == epochs
+
+
+def test_a_submodule_named_twice_for_sharding_is_one_line():
+    with pytest.raises(UserError, match="strategy.shard names net twice"):
+        plan_of("strategy=fsdp", "strategy.shard=[net,net]")

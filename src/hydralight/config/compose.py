@@ -234,6 +234,9 @@ def compose_jobs(
 
     if invocation.other_config:
         return []
+    if invocation.multirun and any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in invocation.argv):
+        # Hydra refuses the pair with a traceback.
+        raise UserError("--cfg prints the config of one run; drop -m (each job of a sweep composes the same way)")
     invocation.check_readable()
     for line in shadowed_options(config_dir):
         print(f"note: {line}", file=sys.stderr, flush=True)

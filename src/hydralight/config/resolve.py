@@ -296,6 +296,8 @@ def _framework(c: DictConfig, hw: HardwarePlan, machine: Machine) -> FrameworkPl
         given = f"strategy.shard={shard}" if shard else f"strategy.checkpoint={checkpoint}"
         raise UserError(f"{given} is read by strategy=fsdp only; add strategy=fsdp, or drop it")
     if strategy == "fsdp":
+        if twice := next((name for i, name in enumerate(shard) if name in shard[:i]), None):
+            raise UserError(f"strategy.shard names {twice} twice; each submodule is sharded once: name it once")
         if bad := next((name for name in shard if not re.fullmatch(r"[A-Za-z_]\w*(\.\w+)*", name)), None):
             raise UserError(
                 f"strategy.shard names submodules by their dotted path; {bad!r} is none (e.g. blocks.layers)"

@@ -163,10 +163,16 @@ class Resume:
             ) from None
 
     def _check_compatible(
-        self, contents: dict[str, Any], module: pl.LightningModule, sizes: dict[str, Any], source: Any, continuing: bool
+        self,
+        contents: dict[str, Any],
+        module: pl.LightningModule,
+        sizes: dict[str, Any],
+        source: Any,
+        continuing: bool,
+        target: dict[str, Any] | None = None,
     ) -> None:
         then = record_of(contents)
-        target = self.plan.model.spec.get("_target_")
+        target = (target or self.plan.model.spec).get("_target_")
         then_hparams = saved_hparams(contents)
         now_hparams = plain_hparams(dict(module.hparams), self.plan.model.spec)
         way_out = "pick the matching model=..., or start fresh with resume=never / another run dir"
@@ -228,12 +234,9 @@ class Resume:
         # A model the command line asks for, other than the one the checkpoint records, would be ignored (how it
         # runs, compiled or channels-last, leaves the weights and the results as they are).
         then, now = record_of(contents).get("model") or {}, self.plan.model.spec
-        given = [o for o in self.plan.paths.overrides if re.match(r"[+~]*model([.=]|$)", o)]
-        keys = {*then, *now} - set(HOW_IT_RUNS)
-        differing = sorted(k for k in keys if then.get(k) != now.get(k)) if then else []
-        if given and differing:
-            key = f"model.{differing[0]}"
-            asks = next((o for o in reversed(given) if re.match(rf"[+~]*{re.escape(key)}([.=]|$)", o)), given[-1])
+        differing = _asked_otherwise(then, now, self.plan.paths.overrides) if then else []
+        if differing:
+            key, asks = differing[0]
             uses = "tests" if self.decision.mode == "eval" else "predicts with"
             raise UserError(
                 f"mode={self.decision.mode} {uses} the module {path} holds, built as it was trained, but the command "
@@ -247,8 +250,33 @@ class Resume:
         model = dataclasses.replace(model, spec={**model.spec, **runs})
         check_sizes(record_of(contents), sizes, f"ckpt_path={path}")  # before a module of another size is built
         module = rebuild(contents, model, sizes, f"ckpt_path={path}")
-        self._check_compatible(contents, module, sizes, f"ckpt_path={path}", continuing=False)
+        self._check_compatible(contents, module, sizes, f"ckpt_path={path}", continuing=False, target=model.spec)
         return module, model
+
+
+def _select(spec: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        spec = spec.get(part) if isinstance(spec, dict) else None
+    return spec
+
+
+def _asked_otherwise(then: dict[str, Any], now: dict[str, Any], overrides: list[str]) -> list[tuple[str, str]]:
+    """The model keys the command line asks for that differ from a checkpoint's model config, each with the
+    override that asks: a `model=` option asks for its module (and the classifier's network), `model.<key>=` for
+    that key. How it runs (compiled, channels-last) is this run's choice and asks for nothing."""
+    asked = []
+    for override in reversed(overrides):  # the last one of a key is the one that stands
+        key = re.sub(r"^[+~]*", "", override).split("=", 1)[0]
+        if key == "model":
+            keys = ["_target_", "net._target_"]
+        elif key.startswith("model.") and key.split(".")[1] not in HOW_IT_RUNS:
+            keys = [key.removeprefix("model.")]
+        else:
+            continue
+        asked += [
+            (f"model.{k.removesuffix('._target_')}", override) for k in keys if _select(then, k) != _select(now, k)
+        ]
+    return asked
 
 
 def check_sizes(then: dict[str, Any], sizes: dict[str, Any], source: Any) -> None:

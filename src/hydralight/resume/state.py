@@ -148,9 +148,10 @@ class ResumeState(pl.Callback):
         ]
         if reached:
             refused = UserError(
-                f"nothing to train: this run finished at step {step} after {epochs} epoch(s), which {reached[0]} "
-                "already reaches; raise it (or set it to -1 to leave the other budget to decide) to train on; the "
-                "run's results are left as they were"
+                f"nothing to train: this run finished at step {step} with {epochs} whole epoch(s), which "
+                f"{' and '.join(reached)} already reach{'es' if len(reached) == 1 else ''}; raise "
+                f"{'it' if len(reached) == 1 else 'them'} (or set one to -1 to leave the other budget to decide) to "
+                "train on; the run's results are left as they were"
             )
             refused.before_any_result = True
             if trainer.global_rank != 0:  # every rank reads the same checkpoint and budget: rank 0 says it

@@ -49,6 +49,13 @@ def constructor_kwargs(model: ModelPlan, sizes: dict[str, Any]) -> dict[str, Any
     anything is built: an argument it does not take, a plan value set for it and not taken, are one line)."""
     cls = module_class(model.spec)
     offered = {**model.offered, **sizes}
+    for key, size in sizes.items():  # the data decides its sizes: another value would fail inside the first step
+        given = model.spec.get(key)
+        if given is not None and given != (list(size) if isinstance(size, tuple) else size) and given != size:
+            raise UserError(
+                f"model.{key}={given} differs from the {key} the data states ({size}); drop model.{key}: "
+                "the module gets it from the data"
+            )
     net = model.spec.get("net")
     if isinstance(net, dict) and "_target_" in net:  # the built-in classifier's network: its arguments too
         bind(import_target(str(net["_target_"]), "model.net._target_"), net, {}, "model.net", origin=origin(model))

@@ -50,6 +50,7 @@ class LineProgress(ProgressBar):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_start = time.perf_counter()
         self._line_of_epoch = None
+        self._epoch_batches = trainer.num_training_batches  # read now: a budget's stop leaves it 0 at the end
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -62,8 +63,9 @@ class LineProgress(ProgressBar):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         seconds = time.perf_counter() - self._epoch_start
         # An epoch a step budget or a stop cut short says where it stopped, not "done".
-        done, total = micro_batches_done(trainer), self.total_train_batches
-        ended = "done" if epoch_complete(trainer) else f"stopped at batch {done}/{total}"
+        done, total = micro_batches_done(trainer), getattr(self, "_epoch_batches", 0)
+        of = f"/{total}" if isinstance(total, int) and total > 0 else ""
+        ended = "done" if epoch_complete(trainer) else f"stopped at batch {done}{of}"
         self._print(
             trainer,
             f"epoch {trainer.current_epoch} {ended} in {seconds:.1f}s step {trainer.global_step} {self._metrics(trainer)}",
