@@ -276,8 +276,11 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tiny_data, tmp_p
     """SIGTERM reaches rank 1 only: the ranks agree at a later step boundary, save one last.ckpt together
     and exit; the same command then finishes the run."""
     run = tmp_path / "run"
+    # Steps of at least 50 ms: the ranks agree about every 0.5 s, so the stop is agreed well before the run's
+    # end (on a fast machine 45 bare steps took less than one agreement period, and the run just finished).
     signal_at = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=3",
-                 "+callbacks.zz_signal.rank=1", "callbacks.last_checkpoint.every_n_steps=null"]  # fmt: skip
+                 "+callbacks.zz_signal.rank=1", "callbacks.last_checkpoint.every_n_steps=null",
+                 "+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.05"]  # fmt: skip
     first = run_cli([*LONGER, *signal_at], run, tiny_data, PYTHONPATH=str(HELPERS))
     assert first.returncode == 128 + 15, first.stderr[-2000:]
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]

@@ -140,7 +140,7 @@ def test_global_batchnorm_over_two_ranks_equals_one_process():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    x = torch.randn(8, 3, 5, 5) * 3 + 1
+    x = torch.randn(8, 3, 5, 5, generator=torch.Generator().manual_seed(0)) * 3 + 1
     manager = mp.Manager()
     out = manager.dict()
     os.environ.pop("MASTER_ADDR", None)
@@ -153,7 +153,10 @@ def test_global_batchnorm_over_two_ranks_equals_one_process():
     both = torch.cat([out[0][0], out[1][0]])
     assert torch.allclose(both, y.detach(), atol=1e-5)
     assert torch.allclose(torch.cat([out[0][1], out[1][1]]), whole.grad, atol=1e-4)
-    assert torch.allclose(out[0][2] + out[1][2], one.weight.grad, atol=1e-4)  # DDP sums (then averages) these
+    # DDP sums (then averages) these. Gradients in the thousands, summed in another order on two ranks: float32
+    # leaves differences of ~1e-7 of the terms, so the bound is relative (1e-5 of their size), not absolute.
+    scale = (out[0][2].abs() + out[1][2].abs()).max()
+    assert torch.allclose(out[0][2] + out[1][2], one.weight.grad, rtol=0, atol=1e-5 * float(scale))
     assert out["bf16-0"] == out["bf16-1"] == torch.bfloat16
     assert torch.allclose(out[0][3], one.running_mean, atol=1e-6) and torch.allclose(
         out[0][4], one.running_var, atol=1e-5
