@@ -48,6 +48,24 @@ def test_fastcnn_kernels_default_to_5x5_and_keep_the_map_size():
         FastCNN(kernels=[4, 3])
 
 
+def test_fastcnn_pool_first_pools_before_the_norm_and_keeps_the_old_order_by_default():
+    old, first = FastCNN(), FastCNN(pool_first=True)
+    assert [type(m).__name__ for m in old][:4] == ["Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d"]
+    assert [type(m).__name__ for m in first][:8] == ["Conv2d", "MaxPool2d", "BatchNorm2d", "ReLU"] * 2
+    # Saved networks load as they were: the default's state_dict keys are the ones before the option.
+    assert list(old.state_dict())[:2] == ["0.weight", "0.bias"] and "1.running_mean" in old.state_dict()
+    # In eval mode BatchNorm (positive scale) and ReLU are increasing per channel, so max-pooling commutes with
+    # them: the same weights compute the same function in either order.
+    torch.manual_seed(0)
+    for m in old.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2), m.weight.data.uniform_(0.5, 2)
+    moved = {"1.": "2.", "5.": "6."}  # each block's norm, one place later
+    first.load_state_dict({moved.get(k[:2], k[:2]) + k[2:]: v for k, v in old.state_dict().items()})
+    x = torch.randn(3, 1, 28, 28)
+    torch.testing.assert_close(first.eval()(x), old.eval()(x), rtol=1e-5, atol=1e-5)
+
+
 def test_a_timm_network_gets_the_task_s_channels_and_classes():
     pytest.importorskip("timm", reason="timm is an optional extra: pip install 'hydralight[timm]'")
     net = build_net({"_target_": "hydralight.tasks.nets.timm_net", "name": "resnet18"}, 7, (1, 28, 28))

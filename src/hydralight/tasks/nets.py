@@ -57,6 +57,8 @@ class FastCNN(nn.Sequential):
     `pooled` > 0 pools the last feature map to pooled x pooled before the head, so large images keep a
     small head; 0 flattens the whole map (a quarter of the image per side, as on 28x28 digits).
     `kernels` are the two convolutions' sizes (odd: "same" padding keeps the map's size before each pool).
+    `pool_first` max-pools each convolution's output before its BatchNorm and ReLU (conv -> pool -> norm ->
+    ReLU): both then work on a quarter of the map, and on CPU the block costs about half as much.
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class FastCNN(nn.Sequential):
         input_shape: Sequence[int] = MNIST_SHAPE,
         pooled: int = 0,
         kernels: Sequence[int] = (5, 5),
+        pool_first: bool = False,
     ) -> None:
         c1, c2 = channels
         c, h, w = input_shape
@@ -78,9 +81,14 @@ class FastCNN(nn.Sequential):
         # gradient is rounding noise that Adam turns into steps. The default keeps older checkpoints loadable.
         head: list[nn.Module] = [nn.AdaptiveAvgPool2d(pooled)] if pooled else []
         side = (pooled, pooled) if pooled else (h // 4, w // 4)
+
+        def block(n_in: int, n_out: int, k: int) -> list[nn.Module]:
+            conv, norm = nn.Conv2d(n_in, n_out, k, padding=k // 2, bias=conv_bias), nn.BatchNorm2d(n_out)
+            # pool_first=false keeps the layer order (and state_dict keys) of networks saved before the option.
+            return [conv, nn.MaxPool2d(2), norm, nn.ReLU()] if pool_first else [conv, norm, nn.ReLU(), nn.MaxPool2d(2)]
+
         super().__init__(
-            nn.Conv2d(c, c1, k1, padding=k1 // 2, bias=conv_bias), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, k2, padding=k2 // 2, bias=conv_bias), nn.BatchNorm2d(c2), nn.ReLU(), nn.MaxPool2d(2),
+            *block(c, c1, k1), *block(c1, c2, k2),
             *head, nn.Flatten(), nn.Linear(c2 * side[0] * side[1], hidden), nn.ReLU(), nn.Linear(hidden, num_classes),
         )  # fmt: skip
 
