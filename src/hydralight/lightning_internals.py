@@ -7,6 +7,7 @@ touch the way the project uses it and names this module when one moves.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -246,10 +247,11 @@ class BestCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint, its `{epoch}` the epoch of the checkpoint's last step: the private
     `_monitor_candidates` is where the values of its file name come from (hydralight.training.epochs says why)."""
 
-    @property
+    @functools.cached_property
     def state_key(self) -> str:
         # The key Lightning's own class saves its state under (best score and path): a run saved with it
-        # continues with its best checkpoint.
+        # continues with its best checkpoint. Computed once: Lightning asks for it at every hook of every step
+        # (the profiler's action name), and its settings do not change after construction.
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
     def _monitor_candidates(self, trainer: pl.Trainer) -> dict[str, torch.Tensor]:
