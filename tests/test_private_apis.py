@@ -1423,3 +1423,25 @@ def test_best_checkpoint_names_the_epoch_of_its_last_step(tmp_path: Path) -> Non
     assert asked and all({"epoch", "step"} <= set(c) for c in asked), hook.moved(f"candidates were {asked}")
     assert Path(best.best_model_path).name == "epoch=000-step=000003.ckpt", hook.moved(best.best_model_path)
     assert best.state_key == ModelCheckpoint(monitor="step", mode="max").state_key, hook.moved(best.state_key)
+
+
+def test_callback_dispatch_skips_a_hook_that_is_not_callable(tmp_path: Path) -> None:
+    """Lightning calls every callback at every step hook; one whose hook attribute is None is skipped
+    (lightning_internals.skip_unused_step_hooks hides the no-ops so), and the hooks a callback overrides run."""
+    from hydralight.lightning_internals import STEP_HOOKS, skip_unused_step_hooks
+
+    hook = Hook("pytorch_lightning", "trainer.call._call_callback_hooks (callable check) / Callback step hooks",
+                "lightning_internals.py", "keeping callbacks' no-op hooks out of every training step")  # fmt: skip
+    ran: Counter[str] = Counter()
+
+    class Counting(pl.Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            ran["end"] += 1
+
+    assert all(callable(getattr(pl.Callback, name, None)) for name in STEP_HOOKS), hook.moved("a step hook is gone")
+    counting, idle = Counting(), pl.Callback()
+    skip_unused_step_hooks([counting, idle])
+    assert counting.on_before_backward is None and callable(counting.on_train_batch_end)
+    assert all(getattr(idle, name) is None for name in STEP_HOOKS)
+    tiny_trainer(tmp_path, max_steps=3, callbacks=[counting, idle]).fit(Tiny())
+    assert ran["end"] == 3, hook.moved(f"on_train_batch_end ran {ran['end']} times in 3 steps")

@@ -113,6 +113,30 @@ def forget_train_loader(trainer: pl.Trainer) -> None:
     trainer.fit_loop._combined_loader = None
 
 
+# -- callback dispatch -----------------------------------------------------------------------------------
+# The hooks Lightning calls on every callback at every training step, overridden or not, each inside a profiler
+# context (`trainer/call.py`, `_call_callback_hooks`): about 1.3 us a callback and hook on a CPU, 80 us a step
+# for a dozen callbacks. That loop skips a hook attribute that is not callable.
+STEP_HOOKS = (
+    "on_train_batch_start",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "on_train_batch_end",
+)
+
+
+def skip_unused_step_hooks(callbacks: list[pl.Callback]) -> None:
+    """Hide each callback's per-step hooks that it does not override (Callback's no-ops) from Lightning's
+    dispatch, so a step pays only for the hooks that do something. Instance attributes: the classes stay as
+    they are."""
+    for callback in callbacks:
+        for hook in STEP_HOOKS:
+            if getattr(type(callback), hook, None) is getattr(pl.Callback, hook):
+                setattr(callback, hook, None)
+
+
 # -- the loop state inside a checkpoint -------------------------------------------------------------
 
 

@@ -179,3 +179,21 @@ def test_the_batchnorm_advice_is_one_reason_with_the_key_the_model_config_has():
     assert "+model.sync_batchnorm=true" in own and "set model.sync_batchnorm" not in own
     assert invariance_report(deep, Data(), sync_batchnorm=False, advice=own)["reasons"][0].endswith(own)
     assert invariance_report(deep, Data(), sync_batchnorm=True)["holds"]
+
+
+@pytest.mark.parametrize(
+    ("model", "keyed"), [("model=cnn", True), ("model=fastcnn_small", False), ("model=mlp", False)]
+)
+def test_only_a_module_with_keyed_dropout_gets_the_sample_keys_callback(tmp_path, model, keyed):
+    # Lightning calls every callback at every hook of every step: one with nothing to do costs each step.
+    from conftest import plan_of
+
+    from hydralight.training.invariance import SampleKeys, has_sample_dropout
+    from hydralight.training.trainer import build_callbacks
+
+    plan = plan_of(model, run_dir=tmp_path / "run")
+    net = {k: v for k, v in plan.config["model"]["net"].items()}
+    module = make_invariant(Classifier(net=net), invariant_dropout=True, global_batchnorm=False)
+    assert has_sample_dropout(module) is keyed
+    callbacks = build_callbacks(plan, module, {})
+    assert any(isinstance(c, SampleKeys) for c in callbacks) is keyed

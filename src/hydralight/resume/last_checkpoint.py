@@ -37,7 +37,7 @@ class LastCheckpoint(Checkpoint):
     can cost; `null` turns either off.
     """
 
-    def __init__(self, run_dir: str, every_n_steps: int | None = 200, every_minutes: float | None = 10) -> None:
+    def __init__(self, run_dir: str, every_n_steps: int | None = None, every_minutes: float | None = 10) -> None:
         self.path = RunDir.at(run_dir).last
         self.every_n_steps = every_n_steps
         self.every_minutes = every_minutes

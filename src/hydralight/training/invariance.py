@@ -28,6 +28,10 @@ def make_invariant(module: nn.Module, invariant_dropout: bool, global_batchnorm:
     return module
 
 
+def has_sample_dropout(module: nn.Module) -> bool:
+    return any(isinstance(m, SampleDropout) for m in module.modules())
+
+
 class SampleKeys(pl.Callback):
     """Keys the dropout of any module by (seed, epoch, sample id) during its training steps, when the data
     module's batches carry sample ids (`sample_ids = True`): the same masks on any rank and world size."""
@@ -38,7 +42,7 @@ class SampleKeys(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Only modules with keyed dropout need keys: the others skip computing them every step.
-        keyed = any(isinstance(m, SampleDropout) for m in pl_module.modules())
+        keyed = has_sample_dropout(pl_module)
         # `datamodule` is set on the Trainer by Lightning's data connector, not declared by the class.
         self.active = keyed and bool(getattr(getattr(trainer, "datamodule", None), "sample_ids", False))
 

@@ -22,12 +22,13 @@ from pytorch_lightning.strategies import Strategy
 from hydralight.config.binding import bind, import_target, instantiate
 from hydralight.config.plan import RunPlan
 from hydralight.errors import EXIT_USER_ERROR, UserError
+from hydralight.lightning_internals import skip_unused_step_hooks
 from hydralight.rundir.launch import external_launcher, is_rank_zero
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import AtomicCheckpointIO
 from hydralight.training.epochs import EpochOfLastStep
 from hydralight.training.guards import FiniteLoss, ObjectiveLogged
-from hydralight.training.invariance import InvarianceCheck, SampleKeys, batchnorm_advice
+from hydralight.training.invariance import InvarianceCheck, SampleKeys, batchnorm_advice, has_sample_dropout
 from hydralight.training.modules import validates
 from hydralight.training.step_metrics import StepMetricsAtValidation
 
@@ -42,7 +43,8 @@ def build_callbacks(plan: RunPlan, module: pl.LightningModule, into: dict[str, A
     callbacks = configured_callbacks(plan, checks)
     callbacks += [
         FiniteLoss(str(RunDir.at(plan.paths.run_dir).last), lr_key="optim.lr" if "lr" in module.hparams else None),
-        SampleKeys(plan.seed),
+        # Only a module with keyed dropout needs keys: Lightning calls every callback at every hook of every step.
+        *([SampleKeys(plan.seed)] if has_sample_dropout(module) else []),
         StepMetricsAtValidation(),
         EpochOfLastStep(),
         InvarianceCheck(plan.model.sync_batchnorm, into=into, advice=batchnorm_advice(plan.config.get("model") or {})),
@@ -100,7 +102,10 @@ def build_trainer(
     if not any(isinstance(c, Checkpoint) for c in callbacks):
         options["enable_checkpointing"] = False
     plugins: list[Any] = [AtomicCheckpointIO(), cluster_environment(plan.hardware.world_size)]
-    return pl.Trainer(**options, plugins=plugins, strategy=strategy, callbacks=callbacks, logger=loggers or False)
+    trainer = pl.Trainer(**options, plugins=plugins, strategy=strategy, callbacks=callbacks, logger=loggers or False)
+    # With the ones Lightning added (progress bar, timer); its connector sets `callbacks`, the class does not declare it.
+    skip_unused_step_hooks(trainer.callbacks)  # type: ignore[attr-defined]
+    return trainer
 
 
 # Lightning's rewording of torch's error (before a manual backward) and torch's own (at the next forward).
