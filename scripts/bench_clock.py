@@ -3,6 +3,7 @@
 import time
 
 import pytorch_lightning as pl
+import torch
 
 
 class FirstStepClock(pl.Callback):
@@ -32,3 +33,23 @@ class StepClock(pl.Callback):
         if self.start is not None and trainer.is_global_zero:
             rate = (trainer.global_step - self.warmup) / (time.perf_counter() - self.start)
             print(f"steady steps per second {rate:.4f}", flush=True)
+
+
+class StepWindowClock(pl.Callback):
+    """Prints the milliseconds per optimizer step between the ends of steps `first` and `last` of one run (cheap
+    step benchmark): start-up, validation and the end of the run stay outside the window."""
+
+    def __init__(self, first: int = 100, last: int = 800) -> None:
+        self.first, self.last = first, last
+        self.start: float | None = None
+        self.ms_per_step: float | None = None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args) -> None:
+        if pl_module.device.type == "cuda":  # the GPU's queue, not the host's, is the step's time
+            torch.cuda.synchronize()
+        if trainer.global_step == self.first and self.start is None:
+            self.start = time.perf_counter()
+        elif trainer.global_step == self.last and self.start is not None and self.ms_per_step is None:
+            self.ms_per_step = (time.perf_counter() - self.start) / (self.last - self.first) * 1000
+            if trainer.is_global_zero:
+                print(f"ms per step {self.ms_per_step:.6f}", flush=True)

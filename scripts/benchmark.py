@@ -51,9 +51,11 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT)
 
 
 # 1. Framework overhead ------------------------------------------------------------------------------
-def bare_lightning_seconds(net_cfg: dict, datamodule, steps: int, accelerator: str = "cpu") -> float:
+def bare_lightning_seconds(
+    net_cfg: dict, datamodule, steps: int, accelerator: str = "cpu", callbacks: tuple = ()
+) -> float:
     """Seconds of `fit` for `steps` steps of the project's module in a Trainer without logger, checkpoints,
-    progress bar or validation."""
+    progress bar or validation (and with `callbacks`, e.g. a clock)."""
     import pytorch_lightning as pl
 
     from hydralight.tasks.classifier import Classifier
@@ -64,7 +66,7 @@ def bare_lightning_seconds(net_cfg: dict, datamodule, steps: int, accelerator: s
     model = Classifier(net=net_cfg, optimizer={"_target_": "torch.optim.Adam", "_partial_": True}, lr=1e-3)
     trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, limit_val_batches=0, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         use_distributed_sampler=False, num_sanity_val_steps=0)  # fmt: skip
+                         use_distributed_sampler=False, num_sanity_val_steps=0, callbacks=list(callbacks))  # fmt: skip
     start = time.perf_counter()
     trainer.fit(model, datamodule=datamodule)
     if accelerator == "gpu":
@@ -342,7 +344,7 @@ def keyed_dropout(steps: int, repeats: int) -> dict:
 # 7. Cheap step ------------------------------------------------------------------------------------
 def cheap_step(
     data_dir: str,
-    lengths: tuple[int, int],
+    window: tuple[int, int],
     repeats: int,
     out: Path,
     smoke: bool,
@@ -352,12 +354,14 @@ def cheap_step(
     """Milliseconds per optimizer step when the step itself is cheap (MLP 784-128-256-10, batch 64, Adam,
     in-memory tensors), as on a GPU: what is measured is the work around the step. A plain PyTorch loop,
     a bare Lightning Trainer (same module and batches, no logger, checkpoint or progress) and the
-    project through `train.py` with its default callbacks (and `overrides`), each timed at two run
-    lengths: the difference leaves out start-up, the final validation and the test. Runs are
-    interleaved, so that drift in the machine's speed hits all three alike. `accelerator="gpu"`: all
-    three on one GPU (scripts/gpu_bench.sh)."""
+    project through `train.py` with its default callbacks and CSV history (and `overrides`), each timed
+    between the ends of the steps `window` of one run, inside epoch 0 (scripts/bench_clock.StepWindowClock):
+    start-up, validation and the run's end stay out. Runs are interleaved and each repeat's ratios taken, so
+    that drift in the machine's speed hits all three alike. `accelerator="gpu"`: all three on one GPU
+    (scripts/gpu_bench.sh)."""
     import torch
     import torch.nn.functional as F
+    from bench_clock import StepWindowClock
 
     from hydralight.data import MEAN, STD, MNISTDataModule
     from hydralight.tasks.nets import MLP
@@ -368,6 +372,7 @@ def cheap_step(
     device = torch.device("cuda" if accelerator == "gpu" else "cpu")
     val_size = 100 if smoke else 5000
     net_cfg = {"_target_": "hydralight.tasks.nets.MLP", "hidden": [128, 256]}
+    first, last = window
 
     def datamodule() -> MNISTDataModule:
         return MNISTDataModule(data_dir, global_size=64, val_size=val_size, download=False)
@@ -381,49 +386,57 @@ def cheap_step(
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def plain(steps: int) -> float:
+    def plain() -> float:
         torch.manual_seed(0)
         model = MLP([128, 256]).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         order = torch.randperm(len(labels), device=device)
-        per_epoch = len(labels) // 64
-        start = finished()
-        for step in range(steps):
-            idx = order[(step % per_epoch) * 64 : (step % per_epoch + 1) * 64]
+        start = 0.0
+        for step in range(1, last + 1):
+            idx = order[(step - 1) * 64 : step * 64]
             x = images[idx].float().div_(255.0).sub_(MEAN).div_(STD)
             loss = F.cross_entropy(model(x), labels[idx])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        return finished() - start
+            if step == first:
+                start = finished()
+        return (finished() - start) / (last - first) * 1000
 
-    def lightning(steps: int) -> float:
+    def lightning() -> float:
+        clock = StepWindowClock(first, last)
         # A fresh data module on GPUs: set up inside `fit`, it keeps its tensors on the trainer's device.
-        return bare_lightning_seconds(net_cfg, datamodule() if device.type == "cuda" else dm, steps, accelerator)
+        bare_lightning_seconds(net_cfg, datamodule() if device.type == "cuda" else dm, last, accelerator, (clock,))
+        assert clock.ms_per_step is not None
+        return clock.ms_per_step
 
     hardware = "hardware=1gpu" if accelerator == "gpu" else "hardware=cpu"
 
-    def project(steps: int) -> float:
-        run_dir = Path(tempfile.mkdtemp(dir=out))
-        run([*TRAIN, hardware, "model=mlp", "batch.global_size=64", "logger=csv", f"trainer.max_steps={steps}",
-             f"data.val_size={val_size}", *overrides, f"hydra.run.dir={run_dir}"],
-            {"DATA_DIR": data_dir, "OMP_NUM_THREADS": "1"})  # fmt: skip
-        # Time inside `fit`, read back from the run's results: process start-up is not part of a step.
-        return float(json.loads((run_dir / "results.json").read_text())["fit_seconds"])
+    def project() -> float:
+        _, output = run(
+            [*TRAIN, hardware, "model=mlp", "batch.global_size=64", "logger=csv", f"trainer.max_steps={last}",
+             f"data.val_size={val_size}", "+callbacks.clock._target_=bench_clock.StepWindowClock",
+             f"+callbacks.clock.first={first}", f"+callbacks.clock.last={last}", *overrides,
+             f"hydra.run.dir={tempfile.mkdtemp(dir=out)}"],
+            {"DATA_DIR": data_dir, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "scripts")},
+        )  # fmt: skip
+        return float(re.findall(r"ms per step (\d+\.\d+)", output)[-1])
 
     loops = {"plain": plain, "lightning": lightning, "project": project}
     for loop in (plain, lightning):  # warm-up: first-call costs are not the loop's (each project run is a new process)
-        loop(lengths[0])
+        loop()
     per_step: dict[str, list[float]] = {name: [] for name in loops}
     for _ in range(repeats):
         for name, loop in loops.items():
-            short, long = loop(lengths[0]), loop(lengths[1])
-            per_step[name].append((long - short) / (lengths[1] - lengths[0]) * 1000)
+            per_step[name].append(loop())
     results: dict = {f"{name}_ms_per_step": summary(values) for name, values in per_step.items()}
-    lightning_ms = results["lightning_ms_per_step"]["median"]
-    results["project_vs_lightning"] = results["project_ms_per_step"]["median"] / lightning_ms
-    results["lightning_vs_plain"] = lightning_ms / results["plain_ms_per_step"]["median"]
-    results["steps"] = list(lengths)
+    # Ratios of the runs of one repeat, measured seconds apart: the machine's drift between repeats cancels in
+    # each, and the median of the ratios is the figure.
+    for a, b in (("project", "lightning"), ("lightning", "plain")):
+        paired = [x / y for x, y in zip(per_step[a], per_step[b], strict=True)]
+        results[f"{a}_vs_{b}_by_repeat"] = summary(paired)
+        results[f"{a}_vs_{b}"] = statistics.median(paired)
+    results["steps"] = list(window)
     return results
 
 
@@ -454,7 +467,8 @@ METHODS = {
     "startup": "whole process; first step: the clock of a callback (scripts/bench_clock.py)",
     "scaling": "steady steps after a fifth of 150, batch 128, model=fastcnn",
     "keyed_dropout": "in one process, 50 steps per sample, interleaved",
-    "cheap_step": "(t(800) - t(100)) / 700 steps inside epoch 0, interleaved; 1 thread; the project's fit_seconds",
+    "cheap_step": "steps 100 to 800 of one run (inside epoch 0) by a clock callback, interleaved; 1 thread; "
+    "the median of each repeat's ratio",
 }
 
 
@@ -499,9 +513,9 @@ def rows_of(results: dict) -> list[tuple[str, str, str, str, str]]:
         rows += [
             ("cheap_step", "cheap step: project / bare Lightning ms per step", f"{c['project_vs_lightning']:.2f}",
              "<= 1.10", f"{ms['project']} vs {ms['lightning']} ms (MLP 784-128-256-10, batch 64; the project with "
-             "its default callbacks and CSV history)"),
+             f"its default callbacks and CSV history); ratio by repeat {fmt(c['project_vs_lightning_by_repeat'])}"),
             ("cheap_step", "cheap step: bare Lightning / plain loop ms per step", f"{c['lightning_vs_plain']:.2f}", "-",
-             f"{ms['lightning']} vs {ms['plain']} ms"),
+             f"{ms['lightning']} vs {ms['plain']} ms; ratio by repeat {fmt(c['lightning_vs_plain_by_repeat'])}"),
         ]  # fmt: skip
     return rows
 
@@ -593,10 +607,9 @@ def main() -> int:
         "startup": lambda: startup(data_dir, repeats, work),
         "scaling": lambda: scaling(data_dir, 10 if args.smoke else 150, repeats, work),
         "keyed_dropout": lambda: keyed_dropout(5 if args.smoke else 50, repeats if args.smoke else 2 * repeats),
-        # Two run lengths inside epoch 0 (859 steps of 64); more repeats than the others: a difference of two
-        # noisy times.
+        # A window inside epoch 0 (859 steps of 64); more repeats than the others: the differences are small.
         "cheap_step": lambda: cheap_step(
-            data_dir, (2, 5) if args.smoke else (100, 800), repeats if args.smoke else 2 * repeats, work, args.smoke
+            data_dir, (2, 5) if args.smoke else (100, 800), repeats if args.smoke else 3 * repeats, work, args.smoke
         ),
     }
     chosen = args.only.split(",") if args.only else list(suite)
