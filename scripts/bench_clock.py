@@ -39,8 +39,8 @@ class StepWindowClock(pl.Callback):
     """Prints the milliseconds per optimizer step between the ends of steps `first` and `last` of one run (cheap
     step benchmark): start-up, validation and the end of the run stay outside the window."""
 
-    def __init__(self, first: int = 100, last: int = 800) -> None:
-        self.first, self.last = first, last
+    def __init__(self, first: int = 100, last: int = 800, say: bool = True) -> None:
+        self.first, self.last, self.say = first, last, say
         self.start: float | None = None
         self.ms_per_step: float | None = None
 
@@ -51,5 +51,5 @@ class StepWindowClock(pl.Callback):
             self.start = time.perf_counter()
         elif trainer.global_step == self.last and self.start is not None and self.ms_per_step is None:
             self.ms_per_step = (time.perf_counter() - self.start) / (self.last - self.first) * 1000
-            if trainer.is_global_zero:
+            if self.say and trainer.is_global_zero:
                 print(f"ms per step {self.ms_per_step:.6f}", flush=True)

@@ -115,7 +115,8 @@ def framework_overhead(data_dir: str, steps: int, repeats: int) -> dict:
     # Interleaved, so that drift in the machine's speed hits both sides alike.
     pairs = [(lightning(), plain()) for _ in range(repeats)]
     results = {"lightning_s": summary([a for a, _ in pairs]), "plain_s": summary([b for _, b in pairs])}
-    results["ratio"] = results["lightning_s"]["median"] / results["plain_s"]["median"]
+    # The median of each pair's ratio: the machine's drift between pairs cancels in each.
+    results["ratio"] = statistics.median(a / b for a, b in pairs)
     results["steps"] = steps
     return results
 
@@ -336,7 +337,8 @@ def keyed_dropout(steps: int, repeats: int) -> dict:
         for name in nets:
             times[name].append(step_ms(name))
     result = {f"{name}_ms_per_step": summary(values) for name, values in times.items()}
-    result["ratio"] = result["keyed_ms_per_step"]["median"] / result["torch_ms_per_step"]["median"]
+    # The median of each repeat's ratio: the machine's drift between repeats cancels in each.
+    result["ratio"] = statistics.median(k / t for k, t in zip(times["keyed"], times["torch"], strict=True))
     result["steps"] = steps
     return result
 
@@ -404,7 +406,7 @@ def cheap_step(
         return (finished() - start) / (last - first) * 1000
 
     def lightning() -> float:
-        clock = StepWindowClock(first, last)
+        clock = StepWindowClock(first, last, say=False)
         # A fresh data module on GPUs: set up inside `fit`, it keeps its tensors on the trainer's device.
         bare_lightning_seconds(net_cfg, datamodule() if device.type == "cuda" else dm, last, accelerator, (clock,))
         assert clock.ms_per_step is not None
@@ -460,13 +462,13 @@ def fmt(stat: dict, digits: int = 2) -> str:
 
 # How each benchmark measures, said beside its rows.
 METHODS = {
-    "framework": "same FastCNN, batches and Adam, 300 steps each side, interleaved; 2 threads",
+    "framework": "same FastCNN, batches and Adam, 300 steps each side, interleaved; 2 threads; median of pair ratios",
     "data": "200 batches of 128 through each loader",
     "time_to_99": "whole process, start to its `test/acc` line; seeds 0-9 x 1 and 2 threads, interleaved",
     "classic": "whole process, start to `test/acc`, once each",
     "startup": "whole process; first step: the clock of a callback (scripts/bench_clock.py)",
     "scaling": "steady steps after a fifth of 150, batch 128, model=fastcnn",
-    "keyed_dropout": "in one process, 50 steps per sample, interleaved",
+    "keyed_dropout": "in one process, 50 steps each, interleaved; median of each repeat's ratio",
     "cheap_step": "steps 100 to 800 of one run (inside epoch 0) by a clock callback, interleaved; 1 thread; "
     "the median of each repeat's ratio",
 }
