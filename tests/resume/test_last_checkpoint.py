@@ -216,3 +216,15 @@ def test_the_final_validation_can_choose_the_best_checkpoint(tiny_data, tmp_path
     ok(run_cli([*BASE, "trainer.max_steps=7"], run, tiny_data))  # no epoch ends: the final validation is the only one
     best = Path(results(run)["best_checkpoint"])
     assert best.is_file() and torch.load(best, weights_only=True)["global_step"] == 7
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("every_n_steps", -3), ("every_n_steps", 0), ("every_n_steps", "abc"), ("every_minutes", 0)]
+)
+def test_a_save_interval_out_of_range_is_one_line(tmp_path, key, value):
+    from hydralight.errors import UserError
+    from hydralight.resume.last_checkpoint import LastCheckpoint
+
+    with pytest.raises(UserError, match=f"callbacks.last_checkpoint.{key}={value!r}: use a number above 0"):
+        LastCheckpoint(str(tmp_path), **{key: value})
+    assert LastCheckpoint(str(tmp_path), every_n_steps=None, every_minutes=None).every_n_steps is None

@@ -46,6 +46,8 @@ def test_fastcnn_kernels_default_to_5x5_and_keep_the_map_size():
     assert kernels(net) == [(5, 5), (3, 3)] and net(torch.randn(2, 1, 28, 28)).shape == (2, 10)
     with pytest.raises(ValueError, match="odd sizes"):
         FastCNN(kernels=[4, 3])
+    with pytest.raises(ValueError, match="pool_first='maybe': use true or false"):
+        FastCNN(pool_first="maybe")
 
 
 def test_fastcnn_pool_first_pools_before_the_norm_and_keeps_the_old_order_by_default():

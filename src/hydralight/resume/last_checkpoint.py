@@ -16,6 +16,7 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Checkpoint
 
+from hydralight.errors import UserError
 from hydralight.lightning_internals import align_logging_step, epoch_complete, record_loop_state, validate_now
 from hydralight.resume.agreement import agreement
 from hydralight.rundir.layout import RunDir
@@ -39,6 +40,10 @@ class LastCheckpoint(Checkpoint):
 
     def __init__(self, run_dir: str, every_n_steps: int | None = None, every_minutes: float | None = 10) -> None:
         self.path = RunDir.at(run_dir).last
+        # A negative count would save at its multiples, 0 never, a string always: refused, not guessed.
+        for key, value, kind in (("every_n_steps", every_n_steps, int), ("every_minutes", every_minutes, int | float)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or not value > 0):
+                raise UserError(f"callbacks.last_checkpoint.{key}={value!r}: use a number above 0, or null (off)")
         self.every_n_steps = every_n_steps
         self.every_minutes = every_minutes
         self._last_save = time.monotonic()

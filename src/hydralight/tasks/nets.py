@@ -77,6 +77,8 @@ class FastCNN(nn.Sequential):
         k1, k2 = kernels
         if k1 % 2 == 0 or k2 % 2 == 0:
             raise ValueError(f"FastCNN kernels={list(kernels)}: use odd sizes (e.g. [5, 3])")
+        if not isinstance(pool_first, bool):  # a string from the command line ("maybe") would count as true
+            raise ValueError(f"FastCNN pool_first={pool_first!r}: use true or false")
         # conv_bias=false (model=fastcnn): a bias before BatchNorm is removed by the normalization, its
         # gradient is rounding noise that Adam turns into steps. The default keeps older checkpoints loadable.
         head: list[nn.Module] = [nn.AdaptiveAvgPool2d(pooled)] if pooled else []
