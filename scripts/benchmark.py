@@ -192,11 +192,20 @@ def until_result(command: list[str], env: dict[str, str]) -> tuple[float, float]
     return seconds, accuracy_of("".join(lines))
 
 
+def tiny(smoke: bool) -> list[str]:
+    """The overrides that make a run of `train.py` tiny in a smoke run."""
+    return ["data.val_size=100", "trainer.limit_train_batches=5", "batch.eval_size=50"] if smoke else []
+
+
+def fast_command(smoke: bool) -> list[str]:
+    """`train.py experiment=fast` as timed here."""
+    return [*TRAIN, "experiment=fast", "hardware=cpu", "logger=none", *tiny(smoke)]
+
+
 def time_to_99(data_dir: str, repeats: int, smoke: bool, out: Path) -> dict:
     """experiment=fast and the plain floor on every seed of SEEDS with each thread count of THREADS,
     interleaved so both see the same machine load."""
-    tiny = ["data.val_size=100", "trainer.limit_train_batches=5", "batch.eval_size=50"] if smoke else []
-    fast = [*TRAIN, "experiment=fast", "hardware=cpu", "logger=none", *tiny]
+    fast = fast_command(smoke)
     seeds, threads = (SEEDS[:1], THREADS[:1]) if smoke else (SEEDS, THREADS)
     runs: dict[str, dict[int, dict[str, list[float]]]] = {"fast": {}, "plain": {}}
     for n in threads:
@@ -213,27 +222,25 @@ def time_to_99(data_dir: str, repeats: int, smoke: bool, out: Path) -> dict:
                 table["test_acc"].append(acc)
     results: dict = {"seeds": list(seeds), "threads": list(threads)}
     for name, by_threads in runs.items():
-        if by_threads:
-            results[name] = {
-                **summary([t for r in by_threads.values() for t in r["seconds"]]),
-                "test_acc": [a for r in by_threads.values() for a in r["test_acc"]],
-                "by_threads": {str(n): r for n, r in by_threads.items()},
-            }
-    if "plain" in results:
-        results["vs_plain"] = {
-            str(n): statistics.median(runs["fast"][n]["seconds"]) / statistics.median(runs["plain"][n]["seconds"])
-            for n in threads
+        results[name] = {
+            **summary([t for r in by_threads.values() for t in r["seconds"]]),
+            "test_acc": [a for r in by_threads.values() for a in r["test_acc"]],
+            "by_threads": {str(n): r for n, r in by_threads.items()},
         }
+    results["vs_plain"] = {
+        str(n): statistics.median(runs["fast"][n]["seconds"]) / statistics.median(runs["plain"][n]["seconds"])
+        for n in threads
+    }
     return results
 
 
+# 4. Classic recipe ---------------------------------------------------------------------------------
 def classic(data_dir: str, smoke: bool, out: Path) -> dict:
     """The classic recipe once (a long run), and experiment=fast once beside it, process start to `test/acc`."""
-    tiny = ["data.val_size=100", "trainer.limit_train_batches=5", "batch.eval_size=50"] if smoke else []
     env = {"DATA_DIR": data_dir}
+    fast = fast_command(smoke)
     old = [*TRAIN, "model=cnn", "data.loader=torchvision", "batch.global_size=128", "trainer.max_epochs=3",
-           "hardware=cpu", "logger=none", *tiny]  # fmt: skip
-    fast = [*TRAIN, "experiment=fast", "hardware=cpu", "logger=none", *tiny]
+           "hardware=cpu", "logger=none", *tiny(smoke)]  # fmt: skip
     (c, c_acc), (f, f_acc) = (
         until_result([*cmd, f"hydra.run.dir={tempfile.mkdtemp(dir=out)}"], env) for cmd in (old, fast)
     )
@@ -241,8 +248,8 @@ def classic(data_dir: str, smoke: bool, out: Path) -> dict:
 
 
 def recipe_table(t: dict) -> list[str]:
-    """Test accuracy per seed and thread count, experiment=fast and (where measured) the plain floor."""
-    names = [n for n in ("fast", "plain") if n in t]
+    """Test accuracy per seed and thread count, experiment=fast and the plain floor."""
+    names = ["fast", "plain"]
     head = " | ".join(f"{'experiment=fast' if n == 'fast' else 'plain floor'}, {k} thread{'s' * (k > 1)}"
                       for n in names for k in t["threads"])  # fmt: skip
     lines = [f"| seed | {head} |", "|---" * (1 + len(names) * len(t["threads"])) + "|"]
@@ -256,7 +263,7 @@ def recipe_table(t: dict) -> list[str]:
     return lines
 
 
-# 4. Start-up ---------------------------------------------------------------------------------------
+# 5. Start-up ---------------------------------------------------------------------------------------
 def startup(data_dir: str, repeats: int, out: Path) -> dict:
     cfg_job = timed(lambda: run([*TRAIN, "--cfg", "job"])[0], repeats)
 
@@ -280,7 +287,7 @@ def startup(data_dir: str, repeats: int, out: Path) -> dict:
     return {"cfg_job_s": cfg_job, "first_step_s": timed(first_step, repeats)}
 
 
-# 5. 1 vs 2 processes ------------------------------------------------------------------------------
+# 6. 1 vs 2 processes ------------------------------------------------------------------------------
 def scaling(data_dir: str, steps: int, repeats: int, out: Path) -> dict:
     results = {}
     for devices in (1, 2):
@@ -303,7 +310,7 @@ def scaling(data_dir: str, steps: int, repeats: int, out: Path) -> dict:
     return results
 
 
-# 6. Keyed dropout --------------------------------------------------------------------------------
+# 7. Keyed dropout --------------------------------------------------------------------------------
 def keyed_dropout(steps: int, repeats: int) -> dict:
     """Milliseconds per training step (forward, backward, Adam) of SeedCNN at batch 128 on this machine's
     CPU: dropout keyed by sample vs torch's dropout, interleaved so both see the same machine state."""
@@ -343,7 +350,7 @@ def keyed_dropout(steps: int, repeats: int) -> dict:
     return result
 
 
-# 7. Cheap step ------------------------------------------------------------------------------------
+# 8. Cheap step ------------------------------------------------------------------------------------
 def cheap_step(
     data_dir: str,
     window: tuple[int, int],
@@ -484,7 +491,7 @@ def rows_of(results: dict) -> list[tuple[str, str, str, str, str]]:
         rows.append(("data", "data path: tensor / torchvision samples/s", f"{d['ratio']:.1f}x", ">= 20x",
                      f"{fmt(d['tensor_samples_per_s'], 0)} vs {fmt(d['torchvision_samples_per_s'], 0)}"))  # fmt: skip
     if (t := results.get("time_to_99")) is not None:
-        for n, ratio in t.get("vs_plain", {}).items():
+        for n, ratio in t["vs_plain"].items():
             fast, plain = (summary(t[side]["by_threads"][n]["seconds"]) for side in ("fast", "plain"))
             rows.append(("time_to_99", f"time to 99%: experiment=fast / plain floor, {n} thread{'s' * (n != '1')}",
                          f"{ratio:.2f}", "<= 1.3", f"{fmt(fast)} s vs {fmt(plain)} s"))  # fmt: skip

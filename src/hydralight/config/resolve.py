@@ -34,7 +34,7 @@ from hydralight.config.plan import (
     TaskPlan,
 )
 from hydralight.config.schema import LR_SCALING, PLANNED, PRECISIONS, STRATEGIES, set_by_plan
-from hydralight.config.trust import check_trusted, configured_targets
+from hydralight.config.trust import SHIPPED_CONF, check_trusted, configured_targets
 from hydralight.errors import UserError
 from hydralight.rundir.launch import external_launcher
 from hydralight.rundir.layout import RunDir, not_a_checkpoint_file
@@ -476,7 +476,7 @@ def _lr_chosen(c: DictConfig, job: JobInfo) -> bool:
     if _overridden(job, "optim.lr", "optim.lr_scaling", groups=("optim",)) is not None:
         return True
     option = job.choices.get("optim")
-    shipped = Path(__file__).resolve().parents[1] / "conf" / "optim" / f"{option}.yaml"
+    shipped = SHIPPED_CONF / "optim" / f"{option}.yaml"
     if not option or not shipped.is_file():
         return True  # an option of the user's own: its learning rate is a choice
     own = yaml.safe_load(shipped.read_text()) or {}

@@ -9,17 +9,12 @@ then went back from.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pytorch_lightning as pl
 
 from hydralight.lightning_internals import BestCheckpoint, epoch_of_last_step
 from hydralight.training.loggers import HistoryLogger
 
 __all__ = ["BestCheckpoint", "EpochOfLastStep", "epoch_of_last_step"]  # BestCheckpoint: conf/callbacks' target
-
-if TYPE_CHECKING:
-    pass
 
 
 class EpochOfLastStep(pl.Callback):

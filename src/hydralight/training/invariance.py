@@ -41,7 +41,8 @@ class SampleKeys(pl.Callback):
         self.active = False
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Only modules with keyed dropout need keys: the others skip computing them every step.
+        # Only modules with keyed dropout need keys (the run adds this callback only then; one a user adds to
+        # their own callbacks may meet any module).
         keyed = has_sample_dropout(pl_module)
         # `datamodule` is set on the Trainer by Lightning's data connector, not declared by the class.
         self.active = keyed and bool(getattr(getattr(trainer, "datamodule", None), "sample_ids", False))
@@ -127,8 +128,7 @@ def invariance_report(
             batchnorms.append(name)
     if batchnorms:
         reasons.append(_batchnorm_reason(batchnorms, advice))
-    uses_keys = any(isinstance(m, SampleDropout) for m in model.modules())
-    if uses_keys and not getattr(datamodule, "sample_ids", False):
+    if has_sample_dropout(model) and not getattr(datamodule, "sample_ids", False):
         reasons.append("the batches carry no sample ids (sample_ids = True): per-sample dropout falls back to torch's")
     if not getattr(datamodule, "shards_by_rank", False):
         reasons.append("the data module does not shard by rank itself: Lightning's sampler batches by world size")
