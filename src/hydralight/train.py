@@ -8,7 +8,6 @@ Heavy imports (torch, Lightning) happen inside `main`, so `python train.py --cfg
 from __future__ import annotations
 
 import contextlib
-import shutil
 import sys
 import warnings
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from hydralight.config.schema import register
 from hydralight.errors import UserError, exit_on_user_error
 from hydralight.rundir.launch import is_rank_zero
 from hydralight.rundir.lock import RunDirLock
+from hydralight.rundir.ownership import Claim, check_usable
 
 register()
 # A user's `lightning.pytorch` module, data module or callback is built on the classes this Trainer runs.
@@ -35,9 +35,9 @@ warnings.filterwarnings("ignore", message="provider=hydra.searchpath in main, pa
 
 # The configs ship inside the package, so an installed (non-editable) copy finds them too.
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
-# The run dir `cli` locked before Hydra wrote its record there (a named dir of a single run), and that record
-# (folder, files) as it was: a refused run puts it back.
-_locked_before_hydra: Path | None = None
+# The run dir `cli` claimed and locked before Hydra wrote its record there (a named dir of a single run), and
+# that record (folder, files) as it was: a refused run puts it back.
+_claimed_before_hydra: Claim | None = None
 _hydra_record_before: tuple[Path, Any] | None = None
 
 
@@ -150,9 +150,8 @@ def _left_as_it_was_if_refused(plan: RunPlan, trainer: Any, record: Any) -> Iter
     except UserError as err:
         untrained = getattr(trainer, "global_step", 1) == 0 or getattr(err, "before_any_result", False)
         if plan.paths.sweep_dir is None and untrained and not plan.resume.own:
-            err.discard_run_dir = True
-        else:
-            record.restore_if_nothing_saved()
+            err.discard_run_dir = True  # what this attempt added goes; what was there before stays
+        record.restore_if_nothing_saved()
         raise
 
 
@@ -182,24 +181,29 @@ def main(cfg: DictConfig) -> float | None:
 
     job = job_info()
     run_dir = Path(job.run_dir)
+    claimed = _claimed_before_hydra
     # One live run per dir (a sweep job resubmitted while its first attempt runs is refused).
-    locked = cfg.plan or not is_rank_zero() or run_dir.resolve() == _locked_before_hydra
+    locked = cfg.plan or not is_rank_zero() or (claimed is not None and run_dir.resolve() == claimed.path)
     with contextlib.nullcontext() if locked else RunDirLock(run_dir):
+        claim = None
         try:
+            if is_rank_zero():  # a folder of the user's is refused before anything of the run is written there
+                claim = claimed if locked and not cfg.plan else Claim.take(run_dir.resolve(), hydra_wrote=True)
             machine = detect()
             plan = resolve(cfg, machine, job)
             if cfg.plan:
                 print(plan.table(), end="")
-                discard_unused_run_dir(run_dir)
+                discard_unused_run_dir(run_dir, keep_folder=claim is not None and not claim.made_folder)
                 return None
             return run(plan, machine)
         except UserError as err:
-            # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it).
-            if is_rank_zero():
+            # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it), and
+            # removes only what this attempt added: a folder that was there before stays.
+            if claim is not None:
                 if getattr(err, "discard_run_dir", False):
-                    shutil.rmtree(run_dir, ignore_errors=True)
-                kept = not discard_unused_run_dir(run_dir)
-                if kept and _hydra_record_before is not None and run_dir.resolve() == _locked_before_hydra:
+                    claim.discard_added()
+                kept = not discard_unused_run_dir(run_dir, keep_folder=not claim.made_folder)
+                if kept and _hydra_record_before is not None and claim is _claimed_before_hydra:
                     folder, files = _hydra_record_before
                     files.restore(folder)  # an earlier run's record, as it was
             if job.sweep_dir is None:
@@ -222,7 +226,7 @@ def cli() -> None:
 
 
 def _start(invocation: Invocation) -> None:
-    global _locked_before_hydra, _hydra_record_before
+    global _claimed_before_hydra, _hydra_record_before
     # Every job's config is composed and type-checked first: a wrong value is one line, before any run dir.
     modes: set = set()
     invocation = reach_module_arguments(CONFIG_DIR, "train", invocation)
@@ -244,14 +248,24 @@ def _start(invocation: Invocation) -> None:
         if named is None or not is_rank_zero():
             main()
             return
-        with RunDirLock(named) as lock:
-            from hydralight.rundir.record import FileSnapshot
-
-            _locked_before_hydra = lock.run_dir
-            if (subdir := invocation.hydra_record_dir()) is not None:
-                folder = lock.run_dir / subdir
-                _hydra_record_before = (folder, FileSnapshot.of_folder(folder))
+        if invocation.plan_only:  # prints the plan and writes nothing of its own: no claim, no lock
+            check_usable(Path(named), "hydra.run.dir")
             main()
+            return
+        # Checked and marked before the lock writes its file or Hydra its record: a folder of the user's is
+        # refused with nothing written in it.
+        claim = Claim.take(Path(named).resolve())
+        try:
+            with RunDirLock(claim.path):
+                from hydralight.rundir.record import FileSnapshot
+
+                _claimed_before_hydra = claim
+                if (subdir := invocation.hydra_record_dir()) is not None:
+                    folder = claim.path / subdir
+                    _hydra_record_before = (folder, FileSnapshot.of_folder(folder))
+                main()
+        finally:
+            claim.remove_if_empty()  # a run refused by the lock leaves no folder it made
 
 
 if __name__ == "__main__":

@@ -137,11 +137,12 @@ class Invocation:
         return [*multirun, *extra, *(a for a in self.argv if a not in multirun)]
 
     def fixed_run_dir(self) -> str | None:
-        """The run dir a single run will write, when the command line names it (a rerun, a requeue,
-        `resume=RUN_DIR`): locked before Hydra writes its record there."""
-        if self.multirun or self.print_only or self.plan_only:
+        """The run dir a single run (or `plan=true`) will write, when the command line names it (a rerun, a
+        requeue, `resume=RUN_DIR`): checked and locked before Hydra writes its record there."""
+        if self.multirun or self.print_only:
             return None
-        return Invocation(tuple(self.hydra_argv())).value("hydra.run.dir")
+        named = Invocation(tuple(self.hydra_argv())).value("hydra.run.dir")
+        return None if named is None or "${" in named else named  # `${now:...}`: Hydra names it; locked there
 
     def hydra_record_dir(self) -> str | None:
         """The folder of the run dir where Hydra writes its own record (`hydra.output_subdir`; None: none)."""

@@ -4,6 +4,7 @@ all ranks of one launch share. Read from the environment before Hydra composes a
 from __future__ import annotations
 
 import os
+import tempfile
 
 from hydralight.errors import UserError
 
@@ -54,14 +55,25 @@ def shared_run_overrides(run_dir_given: bool) -> list[str]:
 
 
 def check_writable(folder: str) -> None:
-    """Refuse, before Hydra starts, a run or sweep dir that cannot be created or written."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-        probe = os.path.join(folder, f".write-test-{os.getpid()}")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as err:
+    """Refuse, before Hydra starts, a run or sweep dir that cannot be created or written. Creates nothing: a
+    folder made here would look like one the user had (and a name with `${...}` in it is Hydra's to resolve)."""
+    if "${" in folder:
+        folder = folder.split("${", 1)[0] or "."  # the part before the first interpolation is fixed
+    target = os.path.abspath(folder)
+    existing = target
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    reason = None
+    if not os.path.isdir(existing):
+        reason = f"{existing} is a file"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        reason = "permission denied"
+    else:
+        try:  # a read-only filesystem passes os.access for root: try a write that leaves nothing behind
+            os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=existing))
+        except OSError as err:
+            reason = err.strerror
+    if reason is not None:
         raise UserError(
-            f"cannot write run outputs to {folder} ({err.strerror}); run from a writable folder or set hydra.run.dir=..."
-        ) from None
+            f"cannot write run outputs to {folder} ({reason}); run from a writable folder or set hydra.run.dir=..."
+        )

@@ -11,8 +11,10 @@ CONFIG = "config.yaml"
 PLAN = "plan.yaml"
 MANIFEST = "manifest.json"
 LOCK = ".lock"
+# Written first into every run dir the project uses: what makes a folder the project's to clean up.
+MARK = ".hydralight"
 HYDRA_RECORD = ".hydra"
-RECORD_ONLY = frozenset({HYDRA_RECORD, "multirun.yaml", CONFIG, PLAN, MANIFEST, LOCK})
+RECORD_ONLY = frozenset({HYDRA_RECORD, "multirun.yaml", CONFIG, PLAN, MANIFEST, LOCK, MARK})
 # What a takeover of a stale lock leaves beside it when it is killed midway (filelock's lease markers).
 LOCK_LEFTOVERS = f"{LOCK}.break."
 # What it writes while and after it trains.

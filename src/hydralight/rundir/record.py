@@ -113,8 +113,9 @@ def record_failure(run_dir: RunDir, reason: str, overrides: list[str] | None = N
     redact_hydra_records(run_dir.path)  # a job refused before it saved its config
 
 
-def discard_unused_run_dir(path: Path) -> bool:
-    """Remove a run dir that holds only its start-up record (a refused or plan-only run); keep anything else."""
+def discard_unused_run_dir(path: Path, keep_folder: bool = False) -> bool:
+    """Remove a run dir that holds only its start-up record (a refused or plan-only run); keep anything else.
+    `keep_folder`: the folder was there before the project used it, and stays (emptied of the record)."""
     if not path.is_dir():
         return False
     redact_hydra_records(path)  # a plan-only job of a sweep: the sweep's record stays
@@ -122,7 +123,9 @@ def discard_unused_run_dir(path: Path) -> bool:
     if any(e.name not in RECORD_ONLY and e.suffix != ".log" and not e.name.startswith(LOCK_LEFTOVERS) for e in entries):
         return False
     for entry in entries:
-        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    if keep_folder:
+        return True
     path.rmdir()
     if re.fullmatch(r"\d{4}-\d{2}-\d{2}", path.parent.name):
         with contextlib.suppress(OSError):  # the date folder Hydra made for it, when nothing else is in there

@@ -1,0 +1,167 @@
+"""Which folders are the project's to write into and to clean up.
+
+A run dir is the project's when the project made it, or when it holds the project's marker (`.hydralight`,
+written before anything else) or the manifest of an earlier version's run. A folder holding anything else is
+the user's: it is refused before anything is written there, and nothing in it is ever removed. A refused run
+removes only what its own attempt added, and the folder itself only when the project made it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydralight.errors import UserError
+from hydralight.rundir.layout import LOCK, LOCK_LEFTOVERS, MANIFEST, MARK
+
+# What Hydra writes into a job's dir before the task runs: its record and its log file.
+_HYDRA_WRITES = (".hydra", "multirun.yaml")
+# A marker larger than this is no marker of ours.
+_MARK_MAX_BYTES = 4096
+
+
+def _entries(path: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except FileNotFoundError:
+        return []
+
+
+def _read_small_json(path: Path) -> dict | None:
+    """A small regular file's JSON object, never read through a link; None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 1 << 20:
+            return None
+        data = json.loads(os.read(fd, info.st_size + 1).decode())
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else None
+
+
+def _mark(path: Path) -> dict | None:
+    data = _read_small_json(path / MARK)
+    return data if data is not None and data.get("by") == "hydralight" else None
+
+
+def is_project_dir(path: Path) -> bool:
+    """Whether `path` holds the project's marker, or the manifest of a run of an earlier version."""
+    if _mark(path) is not None:
+        return True
+    manifest = _read_small_json(path / MANIFEST)
+    return manifest is not None and {"status", "run_dir", "started_at"} <= manifest.keys()
+
+
+def foreign_entries(path: Path, hydra_wrote: bool = False) -> list[str]:
+    """The entries of a folder that is not the project's (what the user keeps there); [] for the project's
+    own dirs, a missing or empty folder. `hydra_wrote`: Hydra has written its record and log there already."""
+    if is_project_dir(path):
+        return []
+    ours = (LOCK,) if (path / MARK).is_symlink() else (LOCK, MARK)
+    return [
+        name
+        for name in _entries(path)
+        if name not in ours
+        and not name.startswith(LOCK_LEFTOVERS)
+        and not (hydra_wrote and (name in _HYDRA_WRITES or name.endswith(".log")))
+    ]
+
+
+def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
+    """Refuse, in one line and before anything is written, a run dir that is a file or a folder of the user's."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{key}={path} is a file, not a folder; give a new folder for the run")
+    found = foreign_entries(path, hydra_wrote)
+    if found:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise UserError(
+            f"{key}={path} already holds files this project did not write ({shown}); nothing was written there. "
+            f"Give a new or an empty folder (or a run dir of this project, to continue its run)"
+        )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A run dir taken by one attempt: whether the project made the folder, and what was there before."""
+
+    path: Path
+    made_folder: bool
+    before: frozenset[str]
+    # Folders above it that this attempt made for it (the deepest first), removed with it when left empty.
+    made_parents: tuple[Path, ...] = ()
+
+    @classmethod
+    def take(cls, path: Path, key: str = "hydra.run.dir", hydra_wrote: bool = False) -> Claim:
+        """Check that `path` may be used (`check_usable`), make it if missing, and mark it the project's.
+        `hydra_wrote`: Hydra has made the folder and written its record there (it cannot tell whether the
+        folder was there before; it is taken as made for this run when Hydra's files are all it holds)."""
+        check_usable(path, key, hydra_wrote)
+        before = frozenset(_entries(path))
+        mark = _mark(path)
+        if mark is not None:
+            made = bool(mark.get("made_folder", False))
+        elif is_project_dir(path):  # a run of an earlier version: it made the folder
+            made = True
+        elif hydra_wrote:  # all it holds is Hydra's record of this very attempt (check_usable saw to that)
+            made, before = True, frozenset()
+        else:
+            made = not path.is_dir()
+        parents = tuple(p for p in path.parents if not p.exists())
+        path.mkdir(parents=True, exist_ok=True)
+        if mark is None:
+            _write_mark(path, made)
+        return cls(path, made, before, parents)
+
+    def discard_added(self) -> None:
+        """Remove what this attempt added to the run dir (never what was there before), and the folder too when
+        the project made it and nothing is left."""
+        for name in _entries(self.path):
+            if name in self.before or name == LOCK:
+                continue
+            entry = self.path / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+        self.remove_if_empty()
+
+    def remove_if_empty(self) -> bool:
+        """Remove the folder (and the folders made for it) when the project made it and it holds nothing but
+        the marker."""
+        if not self.made_folder or set(_entries(self.path)) - {MARK}:
+            return False
+        try:
+            (self.path / MARK).unlink(missing_ok=True)
+            if self.path.exists():
+                self.path.rmdir()
+            for parent in self.made_parents:
+                parent.rmdir()
+        except OSError:  # something else came in meanwhile: it stays
+            return False
+        return True
+
+
+def _write_mark(path: Path, made_folder: bool) -> None:
+    """Write the marker, never through a link someone left in its place."""
+    payload = json.dumps({"by": "hydralight", "made_folder": made_folder}).encode()
+    assert len(payload) < _MARK_MAX_BYTES
+    target = path / MARK
+    if target.is_symlink():
+        raise UserError(f"{target} is a link; this project writes its marker only as a file of its own: remove it")
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, payload)
+    finally:
+        os.close(fd)

@@ -1,0 +1,147 @@
+"""A folder the project did not make is the user's: refused before anything is written there, never deleted.
+A refused run removes only what its own attempt added."""
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TINY, one_line, run_cli
+
+from hydralight.errors import UserError
+from hydralight.rundir.ownership import Claim, check_usable, foreign_entries, is_project_dir
+
+# Refused at the first validation of the plan, after the run dir was taken.
+REFUSED_LATE = [*TINY, "trainer.max_steps=2", "objective.metric=val/no_such", "logger=csv"]
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every entry below `folder`: a file's digest, a link's target, a folder's name."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        key = str(path.relative_to(folder))
+        if path.is_symlink():
+            found[key] = "link:" + str(path.readlink())
+        elif path.is_file():
+            found[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            found[key] = "dir"
+    return found
+
+
+def users_folder(tmp_path: Path) -> Path:
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "notes.txt").write_text("my notes\n")
+    (mine / "sub" / "data.csv").write_text("a,b\n1,2\n")
+    # Names the project writes itself, of the user's own: overwritten before.
+    (mine / "config.yaml").write_text("mine: true\n")
+    (mine / "results.json").write_text('{"mine": 1}\n')
+    return mine
+
+
+def test_a_new_folder_is_made_and_marked_and_removed_when_nothing_was_written(tmp_path):
+    claim = Claim.take(tmp_path / "a" / "b" / "run")
+    assert claim.made_folder and is_project_dir(claim.path) and claim.before == frozenset()
+    assert claim.remove_if_empty() and not (tmp_path / "a").exists()
+
+
+def test_an_empty_folder_is_used_but_never_removed(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    claim = Claim.take(empty)
+    assert not claim.made_folder
+    (empty / "config.yaml").write_text("x")
+    claim.discard_added()
+    assert empty.is_dir() and list(empty.iterdir()) == []
+    # Taken again later: still known as a folder the user had.
+    claim = Claim.take(empty)
+    (empty / "manifest.json").write_text("{}")
+    assert not Claim.take(empty).made_folder
+
+
+def test_a_folder_of_the_users_is_refused_untouched(tmp_path):
+    mine = users_folder(tmp_path)
+    before = snapshot(mine)
+    with pytest.raises(UserError, match=r"already holds files this project did not write \(config.yaml, notes"):
+        Claim.take(mine)
+    assert snapshot(mine) == before
+
+
+def test_what_was_there_before_stays_when_an_attempt_is_discarded(tmp_path):
+    run = tmp_path / "run"
+    first = Claim.take(run)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    again = Claim.take(run)
+    assert again.made_folder and "checkpoints" in again.before
+    (run / "csv").mkdir()
+    again.discard_added()
+    assert (run / "checkpoints" / "last.ckpt").read_bytes() == b"weights" and not (run / "csv").exists()
+    assert first.path == again.path
+
+
+def test_a_link_in_place_of_the_marker_is_not_followed(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".hydralight").symlink_to(outside)
+    with pytest.raises(UserError, match="did not write"):
+        check_usable(run, "hydra.run.dir")
+    assert outside.read_text() == "keep me"
+
+
+def test_hydras_own_record_is_not_the_users(tmp_path):
+    job = tmp_path / "0"
+    (job / ".hydra").mkdir(parents=True)
+    (job / "train.log").write_text("")
+    assert foreign_entries(job, hydra_wrote=True) == []
+    assert foreign_entries(job) == [".hydra", "train.log"]
+    claim = Claim.take(job, hydra_wrote=True)
+    assert claim.made_folder and claim.before == frozenset()
+
+
+def test_a_file_is_no_run_dir(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        check_usable(tmp_path / "file", "hydra.run.dir")
+
+
+@pytest.mark.slow
+def test_refused_runs_leave_every_user_file_as_it_was(tiny_data, tmp_path):
+    mine = users_folder(tmp_path)
+    package_copy = tmp_path / "package"
+    shutil.copytree(ROOT / "src" / "hydralight", package_copy)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train_mine.py").write_text("print('mine')\n")
+    cases = [(mine, REFUSED_LATE), (package_copy, REFUSED_LATE), (mine, TINY)]
+    for folder, args in cases:
+        before = snapshot(folder)
+        line = one_line(run_cli(args, folder, tiny_data))
+        assert "already holds files this project did not write" in line, line
+        assert snapshot(folder) == before
+    # `hydra.run.dir=.` from the user's own project folder, and `plan=true` there.
+    for args in ([*REFUSED_LATE, "hydra.run.dir=."], [*TINY, "plan=true", "hydra.run.dir=."]):
+        before = snapshot(project)
+        line = one_line(run_cli(args, project, tiny_data, cwd=project))
+        assert "already holds files" in line and snapshot(project) == before
+
+
+@pytest.mark.slow
+def test_a_refused_run_in_an_empty_folder_leaves_it_empty_and_a_new_one_leaves_nothing(tiny_data, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "val/no_such" in one_line(run_cli(REFUSED_LATE, empty, tiny_data))
+    assert empty.is_dir() and list(empty.iterdir()) == []
+    assert "val/no_such" in one_line(run_cli(REFUSED_LATE, tmp_path / "new" / "deep", tiny_data))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
+@pytest.mark.slow
+def test_an_interpolated_run_dir_name_is_resolved_before_anything_is_made(tiny_data, tmp_path):
+    result = run_cli([*TINY, "trainer.max_steps=2", f"hydra.run.dir={tmp_path}/${{now:%Y}}-run"], tmp_path, tiny_data)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (made,) = tmp_path.iterdir()
+    assert "$" not in made.name and (made / "results.json").is_file()
