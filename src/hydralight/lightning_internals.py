@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
+from pytorch_lightning.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 if TYPE_CHECKING:
@@ -254,6 +255,42 @@ class PlannedRanksDDP(_PlannedRanks, DDPStrategy):
 
 class PlannedRanksModelParallel(_PlannedRanks, ModelParallelStrategy):
     """Lightning's ModelParallelStrategy (FSDP2) whose locally started ranks run a saved plan, as DDP's do."""
+
+
+# -- ddp_spawn: what the workers counted, back in the main process ------------------------------------
+
+
+class _CountsBackLauncher(_MultiProcessingLauncher):
+    """ddp_spawn's launcher, also sending back to the main process what its workers' fit counted (the fit
+    loop's progress: steps and epochs) and what the callbacks measured into their records (`into`). Lightning
+    sends back only the weights, the best checkpoint's path and `callback_metrics`; its `get_extra_results` /
+    `update_main_process_results` pair is the documented place to add more, on a private class."""
+
+    def get_extra_results(self, trainer: pl.Trainer) -> dict[str, Any]:
+        extra = super().get_extra_results(trainer)
+        extra["fit_loop"] = trainer.fit_loop.state_dict()
+        extra["measured"] = [dict(into) if isinstance(into := getattr(c, "into", None), dict) else None
+                             for c in trainer.callbacks]  # type: ignore[attr-defined]  # fmt: skip
+        return extra
+
+    def update_main_process_results(self, trainer: pl.Trainer, extra: dict[str, Any]) -> None:
+        super().update_main_process_results(trainer, extra)
+        if "fit_loop" in extra:
+            trainer.fit_loop.load_state_dict(extra["fit_loop"])
+        for callback, measured in zip(trainer.callbacks, extra.get("measured", []), strict=False):  # type: ignore[attr-defined]
+            if measured:
+                callback.into.update(measured)
+
+
+class CountsBackSpawnDDP(DDPStrategy):
+    """`ddp_spawn` (a DDPStrategy with a spawn start method) whose main process learns what its workers counted;
+    its private `_configure_launcher` is where the launcher is chosen."""
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        launcher = self._launcher
+        if type(launcher) is _MultiProcessingLauncher:
+            self._launcher = _CountsBackLauncher(self, start_method=launcher._start_method)
 
 
 # -- the epoch of the last step ----------------------------------------------------------------------

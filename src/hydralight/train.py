@@ -46,7 +46,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     says; return the objective (the best validation value of `objective.metric`), so a sweeper never tunes on the
     test set."""
     from hydralight.config.resolve import check_plan
-    from hydralight.data.contract import build_datamodule, shards_by_rank, stated_sizes
+    from hydralight.data.contract import build_datamodule, shards_by_rank, stated_sizes, with_planned_batch
     from hydralight.resume.policy import Resume
     from hydralight.rundir.layout import RunDir
     from hydralight.rundir.record import RunRecord
@@ -77,6 +77,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     data = build_datamodule(plan.data.spec, plan.data.offered)
     if is_rank_zero():
         data.prepare_data()  # missing or corrupt files are refused before any run file is written
+    data = with_planned_batch(data, plan.data.spec, plan.data.offered, plan.hardware.world_size)
     sizes = stated_sizes(data)
     resume = Resume(plan)
     module, plan = resume.build(sizes)

@@ -4,11 +4,15 @@ sample ids; whether Lightning must shard its loaders."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from hydralight.config.binding import accepted_arguments, bind, import_target, instantiate
 from hydralight.errors import UserError
+from hydralight.rundir.launch import global_rank
 
 # Each setting the core may pass, and where a user sets it instead of in `data.*`.
 OWNERS = {
@@ -67,6 +71,75 @@ def build_datamodule(data: Mapping[str, Any], planned: Mapping[str, Any]) -> Any
     """`data._target_` built with its own settings and the planned ones it takes; a UserError raised by
     its constructor stays one line (Hydra would wrap it in its own error)."""
     return instantiate(data, **datamodule_kwargs(data, planned))
+
+
+def with_planned_batch(module: Any, data: Mapping[str, Any], planned: Mapping[str, Any], world_size: int) -> Any:
+    """The data module, built again where needed so that its training loader yields the plan's batch per device
+    (call it once the data is prepared).
+
+    The rule for `batch_size` (a data module that takes it, not the project's `global_size`): it is what the
+    module's training loader yields on each device. On several processes the module is first set up as one
+    rank would be, and its loader's batch read: a module that divides `batch_size` by the world size itself
+    (as lightning-hydra-template's does in `setup`) means a global batch by it, and is built again with the
+    per-device batch times the world size, said in one `note:` line; any other batch is refused in one line.
+    """
+    kwargs = datamodule_kwargs(data, planned)
+    if world_size == 1 or "batch_size" not in kwargs or "global_size" in kwargs:
+        return module
+    wanted = int(kwargs["batch_size"])
+    seen = loader_batch_size(module, world_size)
+    if seen is None or seen == wanted:
+        return module  # what its loaders yield is measured again at the first batch (training.guards)
+    if seen * world_size != wanted:
+        raise UserError(_batch_refusal(data, wanted, seen, world_size))
+    module = instantiate(data, **{**kwargs, "batch_size": wanted * world_size})
+    if (again := loader_batch_size(module, world_size)) not in (None, wanted):
+        raise UserError(_batch_refusal(data, wanted, again, world_size))
+    if global_rank() == 0:
+        print(
+            f"note: the data module {data.get('_target_')} divides batch_size by the world size itself (its "
+            f"loader gave {seen} per device for batch_size={wanted}), so it is given batch_size="
+            f"{wanted * world_size}: each of the {world_size} processes trains on the planned {wanted}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return module
+
+
+def _batch_refusal(data: Mapping[str, Any], wanted: int, seen: int, world_size: int) -> str:
+    return (
+        f"the data module {data.get('_target_')} was given batch_size={wanted} (the per-device batch of the plan) "
+        f"but its training loader yields batches of {seen} on each of {world_size} processes; build its loaders "
+        "with batch_size as given (the project divides the global batch: batch.global_size)"
+    )
+
+
+def loader_batch_size(datamodule: Any, world_size: int) -> int | None:
+    """The batch size of the data module's training loader when it is set up as this process's rank of
+    `world_size` processes; None when that cannot be told before training (its `setup` asks its trainer for
+    more than a stand-in answers, its loader has no batch size).
+
+    The stand-in trainer answers what data modules ask of theirs in `setup`; the module is set up for real
+    again by Lightning (modules keep what `setup` loaded, as Lightning calls it once per stage anyway)."""
+    rank = global_rank()
+    devices = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    stand_in = SimpleNamespace(
+        world_size=world_size, global_rank=rank, local_rank=rank % devices, node_rank=rank // devices,
+        num_devices=devices, num_nodes=max(1, world_size // devices), is_global_zero=rank == 0,
+    )  # fmt: skip
+    had = getattr(datamodule, "trainer", None)
+    try:
+        datamodule.trainer = stand_in
+        datamodule.setup("fit")
+        loader = datamodule.train_dataloader()
+    except Exception:  # its own trainer's answers are needed: the first batch is measured instead
+        return None
+    finally:
+        datamodule.trainer = had
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return int(size) if isinstance(size, int) else None
 
 
 def stated_sizes(datamodule: Any) -> dict[str, Any]:

@@ -3,12 +3,17 @@ a loss that is not finite, an objective the module never logs."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.data import extract_batch_size
 
 from hydralight.errors import UserError
 
@@ -69,3 +74,45 @@ class ObjectiveLogged(pl.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {}
+
+
+class PlannedBatch(pl.Callback):
+    """Measures the first training batch each rank really gets and refuses, in one line before that step
+    trains, one that is not the plan's per-device batch (a data module that divides or ignores `batch_size`);
+    each rank's measurement goes into its rank record (`ranks/rank<N>.json`, `train_batch_size`)."""
+
+    def __init__(self, per_device_size: int, rank_record: Callable[[int], Path] | None = None) -> None:
+        self.per_device_size = per_device_size
+        self.rank_record = rank_record
+        self.measured: int | None = None
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.measured is not None:
+            return
+        try:
+            with warnings.catch_warnings():  # tensors of several lengths: the first one's is the batch's
+                warnings.simplefilter("ignore")
+                self.measured = extract_batch_size(batch)
+        except Exception:  # a batch of no tensors: nothing to measure
+            self.measured = -1
+            return
+        self._record(trainer.global_rank)
+        last = isinstance(trainer.num_training_batches, int) and batch_idx == trainer.num_training_batches - 1
+        if self.measured == self.per_device_size or (last and self.measured < self.per_device_size):
+            return  # a resumed run may start at the short last batch of an epoch
+        raise UserError(
+            f"rank {trainer.global_rank} trains on batches of {self.measured} where the plan gives each device "
+            f"{self.per_device_size}; its data module's training loader does not use batch_size as given (the "
+            "per-device batch): build its loaders with it (set the global batch with batch.global_size)"
+        )
+
+    def _record(self, rank: int) -> None:
+        path = self.rank_record(rank) if self.rank_record else None
+        if path is None or not path.is_file() or path.is_symlink():
+            return
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads(path.read_text())
+            record["train_batch_size"] = self.measured
+            path.write_text(json.dumps(record, indent=2) + "\n")

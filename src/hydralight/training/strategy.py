@@ -23,13 +23,13 @@ from types import FrameType
 from typing import Any
 
 import torch
-from pytorch_lightning.strategies import DDPStrategy, Strategy
+from pytorch_lightning.strategies import Strategy
 from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import nn
 
 from hydralight.config.plan import RunPlan
 from hydralight.errors import UserError
-from hydralight.lightning_internals import PlannedRanksDDP, PlannedRanksModelParallel
+from hydralight.lightning_internals import CountsBackSpawnDDP, PlannedRanksDDP, PlannedRanksModelParallel
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,9 @@ class JobDDPStrategy(PlannedRanksDDP):
         super().__init__(*args, plan_file=plan_file, children=_children, **kwargs)
 
 
-class SpawnDDPStrategy(DDPStrategy):
-    """`ddp_spawn` whose spawned workers close their process group before they exit.
+class SpawnDDPStrategy(CountsBackSpawnDDP):
+    """`ddp_spawn` whose spawned workers close their process group before they exit, and whose main process
+    records the steps, epochs and throughput they measured.
 
     A worker that exits with a live gloo group can abort in the group's threads ("terminate called
     without an active exception"), failing a run that had finished.

@@ -27,7 +27,7 @@ from hydralight.rundir.launch import external_launcher, is_rank_zero
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import AtomicCheckpointIO
 from hydralight.training.epochs import EpochOfLastStep
-from hydralight.training.guards import FiniteLoss, ObjectiveLogged
+from hydralight.training.guards import FiniteLoss, ObjectiveLogged, PlannedBatch
 from hydralight.training.invariance import InvarianceCheck, SampleKeys, batchnorm_advice, has_sample_dropout
 from hydralight.training.modules import validates
 from hydralight.training.step_metrics import StepMetricsAtValidation
@@ -45,6 +45,7 @@ def build_callbacks(plan: RunPlan, module: pl.LightningModule, into: dict[str, A
         FiniteLoss(str(RunDir.at(plan.paths.run_dir).last), lr_key="optim.lr" if "lr" in module.hparams else None),
         # Only a module with keyed dropout needs keys: Lightning calls every callback at every hook of every step.
         *([SampleKeys(plan.seed)] if has_sample_dropout(module) else []),
+        PlannedBatch(plan.task.per_device_size, RunDir.at(plan.paths.run_dir).rank_record),
         StepMetricsAtValidation(),
         EpochOfLastStep(),
         InvarianceCheck(plan.model.sync_batchnorm, into=into, advice=batchnorm_advice(plan.config.get("model") or {})),
