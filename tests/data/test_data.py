@@ -3,6 +3,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import pytorch_lightning as pl
 import torch
 from conftest import HELPERS, write_idx
 
@@ -186,3 +187,62 @@ def test_a_plain_user_data_module_is_sharded_under_ddp(tmp_path):
     seen = [json.loads((tmp_path / "seen" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [len(s) for s in seen] == [128, 128]  # 256 samples, one epoch, half each
     assert set(seen[0]).isdisjoint(seen[1]) and set(seen[0]) | set(seen[1]) == set(range(256))
+
+
+class _DividesByWorld(pl.LightningDataModule):
+    """As lightning-hydra-template writes it: batch_size is the global batch, divided in `setup`."""
+
+    def __init__(self, batch_size: int = 64) -> None:
+        super().__init__()
+        self.batch_size, self.per_device, self.setups = batch_size, batch_size, 0
+
+    def setup(self, stage: str) -> None:
+        self.setups += 1
+        if self.trainer is not None:
+            self.per_device = self.batch_size // self.trainer.world_size
+
+    def train_dataloader(self):
+        from torch.utils.data import DataLoader
+
+        return DataLoader(range(512), batch_size=self.per_device)
+
+
+class _Doubles(_DividesByWorld):
+    def setup(self, stage: str) -> None:
+        self.per_device = self.batch_size * 2
+
+
+class _AsksForMore(_DividesByWorld):
+    def setup(self, stage: str) -> None:
+        self.per_device = self.trainer.strategy.root_device  # more than a stand-in answers
+
+
+def test_a_data_module_that_divides_by_the_world_size_is_given_the_global_batch(capsys, monkeypatch):
+    from hydralight.data.contract import loader_batch_size, with_planned_batch
+
+    monkeypatch.syspath_prepend(str(HELPERS))
+    spec = {"_target_": f"{__name__}._DividesByWorld"}
+    planned = {"batch_size": 16, "seed": 0}
+    built = with_planned_batch(_DividesByWorld(16), spec, planned, world_size=4)
+    assert built.batch_size == 64 and loader_batch_size(built, 4) == 16
+    assert "divides batch_size by the world size itself (its loader gave 4 per device for batch_size=16), so it " \
+           "is given batch_size=64" in capsys.readouterr().err  # fmt: skip
+    # On one process, and for a module that uses batch_size as given, nothing changes and nothing is said.
+    alone = _DividesByWorld(16)
+    assert with_planned_batch(alone, spec, planned, world_size=1) is alone
+    plain = {"_target_": "plain_datamodule.PlainDataModule", "record_dir": "x"}
+    from plain_datamodule import PlainDataModule
+
+    kept = PlainDataModule("x", batch_size=16)
+    assert with_planned_batch(kept, plain, planned, world_size=2) is kept and kept.trainer is None
+    assert capsys.readouterr().err == ""
+
+
+def test_a_data_module_whose_loader_yields_another_batch_is_refused():
+    from hydralight.data.contract import with_planned_batch
+
+    with pytest.raises(UserError, match=r"was given batch_size=16 .* yields batches of 32 on each of 2 processes"):
+        with_planned_batch(_Doubles(16), {"_target_": f"{__name__}._Doubles"}, {"batch_size": 16}, world_size=2)
+    # A setup that needs the real trainer cannot be probed: its first batch is measured in training instead.
+    asks = _AsksForMore(16)
+    assert with_planned_batch(asks, {"_target_": f"{__name__}._AsksForMore"}, {"batch_size": 16}, 2) is asks

@@ -51,3 +51,14 @@ class PlainDataModule(pl.LightningDataModule):
             self.record_dir.mkdir(parents=True, exist_ok=True)
             rank = self.trainer.global_rank if self.trainer is not None else 0
             (self.record_dir / f"rank{rank}.json").write_text(json.dumps(self.train.seen))
+
+
+class FixedBatchDataModule(PlainDataModule):
+    """Takes batch_size and ignores it: its loaders always yield batches of `fixed` (a hard-coded habit)."""
+
+    def __init__(self, record_dir: str, batch_size: int = 32, fixed: int = 10) -> None:
+        super().__init__(record_dir, batch_size)
+        self.fixed = fixed
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train, batch_size=self.fixed, shuffle=True)
