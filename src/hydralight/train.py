@@ -124,15 +124,15 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
             with record.timed("fit_seconds"), _left_as_it_was_if_refused(plan, trainer, record), lightning_refusals():
                 trainer.fit(module, datamodule=data, ckpt_path=resume.ckpt_path, weights_only=True)
         # 4. Test the best checkpoint.
-        best, metrics = resume.to_test(trainer), dict(trainer.callback_metrics)
+        best, metrics, tested = resume.to_test(trainer), dict(trainer.callback_metrics), {}
         if tests(module, data):
             with testing():
                 trainer.test(module, datamodule=data, ckpt_path=best, verbose=False, weights_only=True)
-            metrics.update(trainer.callback_metrics)
+            tested = dict(trainer.callback_metrics)  # what the test stage logged, under the module's names
 
         # 5. Record: results.json, the manifest, one line.
         results = run_results(
-            trainer, metrics, best, plan.objective, plan.task.global_size, throughput.start_step,
+            trainer, metrics, tested, best, plan.objective, plan.task.global_size, throughput.start_step,
             record.extra.get("fit_seconds"),
         )  # fmt: skip
         record.finish(results)

@@ -8,10 +8,13 @@ from hydralight.config.plan import ObjectivePlan
 from hydralight.training.records import result_line, run_results
 
 
-def finished(metrics, metric="val/acc", direction="max"):
+def finished(metrics, metric="val/acc", direction="max", tested=None):
     # The counters run_results reads; no checkpoint callback, so the objective is the last logged value.
     trainer = SimpleNamespace(global_step=8, current_epoch=2, max_steps=-1, max_epochs=2, checkpoint_callback=None)
-    return run_results(trainer, metrics, None, ObjectivePlan(metric, direction), 32, 0, 2.0)
+    if tested is None:
+        tested = {k: v for k, v in metrics.items() if k.startswith("test")}
+    fitted = {k: v for k, v in metrics.items() if k not in tested}
+    return run_results(trainer, fitted, tested, None, ObjectivePlan(metric, direction), 32, 0, 2.0)
 
 
 def test_the_classifier_headline_is_kept_where_the_module_logs_test_accuracy():
@@ -27,3 +30,26 @@ def test_a_module_without_test_accuracy_has_no_null_headline(metrics):
     assert found["test"] == {k: v for k, v in metrics.items() if k.startswith("test/")}
     line = result_line(found, "run")
     assert line.startswith("test/mse=0.2500") if found["test"] else line.startswith("no test metrics")
+
+
+@pytest.mark.parametrize(
+    "metric,logged,first",
+    [
+        ("val_loss", {"test_loss": 0.5, "test_acc": 0.8}, "test_loss=0.5000"),  # Lightning's docs
+        ("val/acc", {"test/acc": 0.9, "test/loss": 0.2}, "test/acc=0.9000"),
+        ("loss/val", {"loss/test": 0.3}, "loss/test=0.3000"),
+        ("val_acc", {"test_acc/dataloader_idx_0": 0.7, "test_acc/dataloader_idx_1": 0.6}, "test_acc/dataloader_idx_0"),
+    ],
+)
+def test_what_the_test_stage_logged_is_the_test_record_under_the_module_s_names(metric, logged, first):
+    found = finished({metric: 0.4}, metric, "min", tested=logged)
+    assert found["test"] == logged and found["metrics"][metric] == 0.4
+    assert result_line(found, "run").startswith(first)
+
+
+def test_a_validation_metric_s_test_counterpart():
+    from hydralight.rundir.outcome import test_counterpart
+
+    pairs = {"val/acc": "test/acc", "val_loss": "test_loss", "valid_acc": "test_acc", "loss/val": "loss/test",
+             "validation/f1": "test/f1", "val/acc_best": "test/acc_best", "interval_len": "test_interval_len"}  # fmt: skip
+    assert {m: test_counterpart(m) for m in pairs} == pairs

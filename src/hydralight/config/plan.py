@@ -235,7 +235,7 @@ class RunPlan:
         """What each device holds of the parameters and optimizer state under fsdp, beside DDP's full copy. The
         sizes come from the module, built only when the run starts (it logs them in bytes); here the shares."""
         world = self.hardware.world_size
-        units = "".join(f"{name}.*, " for name in self.framework.shard)
+        units = "".join(f"{name}.*, " for name in self.framework.shard) or "each child, "
         return (
             f"params + optimizer state: 1/{world} of each unit ({units}the root) per device; DDP: a full copy on "
             f"each (MB of both logged after step 1; a module's own configure_model picks its units)"

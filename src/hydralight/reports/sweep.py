@@ -22,7 +22,7 @@ from hydralight.errors import UserError
 from hydralight.reports import plots
 from hydralight.reports.scaling import machine_note, scaling_lines, scaling_points, write_scaling_plot
 from hydralight.reports.search import load_search, search_lines, write_search_plots
-from hydralight.rundir.outcome import FAILED, JobOutcome, find_jobs
+from hydralight.rundir.outcome import FAILED, JobOutcome, find_jobs, test_counterpart
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -93,12 +93,7 @@ class Job:
 
 
 def columns(metric: str) -> list[str]:
-    return ["job", "overrides", "status", f"best {metric}", test_metric(metric), "epochs", "wall s", "samples/s"]
-
-
-def test_metric(metric: str) -> str:
-    """The test counterpart of a validation metric: test/acc for val/acc."""
-    return "test/" + metric.split("/", 1)[1] if "/" in metric else f"test_{metric}"
+    return ["job", "overrides", "status", f"best {metric}", test_counterpart(metric), "epochs", "wall s", "samples/s"]
 
 
 def _fmt(value: float | int | None, digits: int = 4) -> str:
@@ -153,7 +148,7 @@ def load_job(outcome: JobOutcome) -> Job:
     results = outcome.results or {}
     if results:
         job.best = (results.get("objective") or {}).get("value", job.best) if job.best is None else job.best
-        job.test = (results.get("metrics") or {}).get(test_metric(metric))
+        job.test = (results.get("metrics") or {}).get(test_counterpart(metric))
         job.epochs = results.get("epochs")
         # Training steps when the run timed them (start-up and the final validation left out), else the whole fit.
         job.samples_per_s = results.get("train_samples_per_second") or results.get("samples_per_second")
@@ -244,7 +239,7 @@ class Group:
 
 
 def group_columns(metric: str) -> list[str]:
-    test = test_metric(metric)
+    test = test_counterpart(metric)
     stats = ("mean", "std", "min", "max")
     return ["overrides", "n", *(f"best {metric} {s}" for s in stats), *(f"{test} {s}" for s in stats), "jobs"]
 
@@ -322,7 +317,7 @@ def write_report(
         lines += [
             f"{len(done)} of {len(jobs)} jobs finished, in {len(groups)} groups of jobs that differ only in "
             f"{', '.join(grouped_keys)}; sorted by the mean best {metric} ({best_first} first; "
-            f"{test_metric(metric)} is reported, not used to choose). Mean, sample standard deviation (n - 1), "
+            f"{test_counterpart(metric)} is reported, not used to choose). Mean, sample standard deviation (n - 1), "
             "min and max over each group's finished jobs; n counts them, and the jobs that failed or have not "
             "finished are named beside it, not averaged.",
             "",
@@ -336,7 +331,7 @@ def write_report(
     else:
         lines += [
             f"{len(done)} of {len(jobs)} jobs finished, sorted by best {metric} ({best_first} first; "
-            f"{test_metric(metric)} is reported, not used to choose).",
+            f"{test_counterpart(metric)} is reported, not used to choose).",
             "",
         ]
     lines += _table(header, rows)
@@ -363,7 +358,7 @@ def write_report(
     lines += [""] + [f"![{p.stem}]({p.name})" for p in written]
     if search is not None:
         found = write_search_plots(search, sweep_dir, out_dir)
-        lines += ["", *search_lines(search, {j.name: j.test for j in jobs}, test_metric(metric)), ""]
+        lines += ["", *search_lines(search, {j.name: j.test for j in jobs}, test_counterpart(metric)), ""]
         lines += [f"![{p.stem}]({p.name})" for p in found]
         written += found
     if points := scaling_points(jobs, swept):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,18 @@ import yaml
 from hydralight.errors import UserError
 from hydralight.rundir.layout import HYDRA_RECORD, RunDir, SweepDir
 from hydralight.rundir.record import read_json
+
+# The word of a validation metric's name that its test counterpart replaces with "test": val/acc, val_loss,
+# valid-acc, loss/validation.
+_VALIDATION_WORD = re.compile(r"(?<![A-Za-z0-9])(val|valid|validation)(?![A-Za-z0-9])")
+
+
+def test_counterpart(metric: str) -> str:
+    """The test metric of the same quantity as a validation metric, as modules name them: test/acc for val/acc,
+    test_loss for val_loss (Lightning's docs), loss/test for loss/val; test_<name> for a name with no such word."""
+    counterpart, found = _VALIDATION_WORD.subn("test", metric, count=1)
+    return counterpart if found else f"test_{metric}"
+
 
 # finished | failed | interrupted | running | never started
 FAILED = ("failed", "interrupted")

@@ -15,6 +15,7 @@ from torch.nn import SyncBatchNorm
 
 from hydralight.config.plan import ObjectivePlan
 from hydralight.rundir.layout import RunDir
+from hydralight.rundir.outcome import test_counterpart
 
 
 class RankRecord(pl.Callback):
@@ -105,6 +106,7 @@ def stopped_by(trainer: pl.Trainer) -> dict[str, Any] | None:
 def run_results(
     trainer: pl.Trainer,
     metrics: dict[str, Any],
+    tested: dict[str, Any],
     best: str | None,
     objective: ObjectivePlan,
     global_size: int,
@@ -112,8 +114,10 @@ def run_results(
     fit_seconds: float | None,
 ) -> dict[str, Any]:
     """results.json of a finished run: epochs, steps, every final metric, the objective (the best
-    validation value of `objective.metric`: what a sweeper may tune on, never a test metric), samples/s."""
-    metrics = {k: float(v) for k, v in metrics.items()}
+    validation value of `objective.metric`: what a sweeper may tune on, never a test metric), samples/s.
+    `tested`: what the test stage logged, under the module's own names (test/acc, test_loss, a log_dict's)."""
+    tested = {k: float(v) for k, v in tested.items()}
+    metrics = {**{k: float(v) for k, v in metrics.items()}, **tested}
     # Samples this attempt trained, over this attempt's time (a resumed run started at a later step).
     samples = (trainer.global_step - start_step) * global_size
     # The built-in classifier's headline, kept at the top level where earlier results had it; only for a
@@ -124,7 +128,7 @@ def run_results(
         "global_step": trainer.global_step,
         "best_checkpoint": best or None,
         "metrics": metrics,
-        "test": {k: v for k, v in metrics.items() if k.startswith("test/")},
+        "test": tested,
         **headline,
         "objective": {
             "metric": objective.metric,
@@ -139,7 +143,7 @@ def run_results(
 def result_line(results: dict[str, Any], run_dir: str) -> str:
     """The last line of a run: its test metrics (the objective's own first), the checkpoint and run dir."""
     test = results.get("test") or {}
-    first = "test/" + results["objective"]["metric"].split("/", 1)[-1]
+    first = test_counterpart(results["objective"]["metric"])
     shown = " ".join(f"{k}={test[k]:.4f}" for k in sorted(test, key=lambda k: (k != first, k)) if "samples" not in k)
     where = f"(checkpoint: {results.get('best_checkpoint') or 'final weights'}; run dir: {run_dir})"
     if stop := results.get("stopped_by"):

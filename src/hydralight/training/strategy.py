@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from pytorch_lightning.strategies import Strategy
+from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import nn
 
@@ -92,27 +93,67 @@ class JobFSDPStrategy(PlannedRanksModelParallel):
         assert module is not None  # connected by the Trainer before it sets up the environment
         if getattr(module, "_hydralight_shards", False):
             return  # set up for an earlier stage (fit, then test)
-        if is_overridden("configure_model", module):
-            how = f"{type(module).__name__}.configure_model shards the module (strategy.shard is not read)"
-        else:
-            try:
-                shard_units(module, self.shard)
-            except UserError:
-                if self.global_rank == 0:
-                    raise
-                raise SystemExit(2) from None  # every rank finds the same names wrong: rank 0 says it, once
-            # The public hook Lightning calls to shard a module, per instance: a module of any class trains.
-            target, mesh = module, self.device_mesh["data_parallel"]
+        own = module.configure_model if is_overridden("configure_model", module) else None
+        if own is None:
+            self._check_units(module)
+        # The public hook Lightning calls to shard a module, per instance: a module of any class trains. A module
+        # with a configure_model of its own runs it first: one that shards itself is left as it is; one that only
+        # builds its layers there (as Lightning's docs show) has them made equal on every rank, then sharded.
+        target, mesh = module, self.device_mesh["data_parallel"]
 
-            def configure_model() -> None:
-                shard_module(target, self.shard, mesh, self.mixed_precision)
+        def configure_model() -> None:
+            from torch.distributed.fsdp import FSDPModule
 
-            setattr(module, "configure_model", configure_model)  # noqa: B010  # this instance's, not its class's
-            units = ", ".join(f"{name}.*" for name in self.shard)
-            how = f"strategy.shard: {units + ', then ' if units else ''}the root {type(module).__name__}"
+            if own is not None:
+                own()
+                if isinstance(target, FSDPModule):
+                    return
+                self._check_units(target)
+                for tensor in [*target.parameters(), *target.buffers()]:
+                    torch.distributed.broadcast(tensor.data, src=0)
+            shard_module(target, self.shard, mesh, self.mixed_precision)
+
+        setattr(module, "configure_model", configure_model)  # noqa: B010  # this instance's, not its class's
+        units = ", ".join(f"{name}.*" for name in self.shard) or "each child with parameters"
+        how = f"strategy.shard: {units}, then the root {type(module).__name__}"
+        if own is not None:
+            how = f"{type(module).__name__}.configure_model, then (unless it shards the module itself) {how}"
         setattr(module, "_hydralight_shards", True)  # noqa: B010  # a mark on the instance, not an attribute of its class
         if self.global_rank == 0:
             log.info(f"fsdp over {self.world_size} processes: {how}")
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Lightning's loading, without the optimizers where they are not needed (testing, predicting) or where
+        Lightning cannot read them back: a stateless optimizer's state (plain SGD) fails its re-keying of a full
+        checkpoint; its hyperparameters (its param_groups) are all it has, and are put back here."""
+        module = self.lightning_module
+        fitting = module is not None and module.trainer.state.fn == TrainerFn.FITTING
+        optimizers = self.optimizers
+        if fitting:
+            try:
+                return super().load_checkpoint(checkpoint_path, weights_only)
+            except IndexError:  # `_rekey_optimizer_state_if_needed` of an optimizer that has no state
+                pass
+        self.optimizers = []
+        try:
+            checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
+        finally:
+            self.optimizers = optimizers
+        if fitting:
+            for optimizer, saved in zip(optimizers, checkpoint.get("optimizer_states", []), strict=False):
+                if saved.get("state"):
+                    raise UserError(f"{checkpoint_path}: its optimizer state cannot be loaded under strategy=fsdp")
+                for group, saved_group in zip(optimizer.param_groups, saved.get("param_groups", []), strict=False):
+                    group.update({k: v for k, v in saved_group.items() if k != "params"})
+        return checkpoint
+
+    def _check_units(self, module: nn.Module) -> None:
+        try:
+            shard_units(module, self.shard)
+        except UserError:
+            if self.global_rank == 0:
+                raise
+            raise SystemExit(2) from None  # every rank finds the same names wrong: rank 0 says it, once
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().optimizer_step(*args, **kwargs)
@@ -154,7 +195,10 @@ def shard_module(module: nn.Module, names: list[str], mesh: Any, mixed_precision
 
 def shard_units(module: nn.Module, names: list[str]) -> list[nn.Module]:
     """The submodules `names` lists, each child of a ModuleList/Sequential or else the module itself, that have
-    parameters (a unit without any has nothing to shard)."""
+    parameters (a unit without any has nothing to shard). No names: each child of the module that has any, so
+    that a step which calls its layers directly (`self.net(x)`, not `self(x)`) still gathers their parameters."""
+    if not names:
+        return [child for child in module.children() if any(True for _ in child.parameters())]
     units = []
     for name in names:
         try:
