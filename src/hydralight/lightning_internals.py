@@ -274,6 +274,9 @@ class _CountsBackLauncher(_MultiProcessingLauncher):
         return extra
 
     def update_main_process_results(self, trainer: pl.Trainer, extra: dict[str, Any]) -> None:
+        # What the workers' stage logged replaces what the main process holds from the stage before (a test
+        # stage's metrics would otherwise be mixed with the fit's, as they are not in one process).
+        trainer.callback_metrics.clear()
         super().update_main_process_results(trainer, extra)
         if "fit_loop" in extra:
             trainer.fit_loop.load_state_dict(extra["fit_loop"])

@@ -38,7 +38,7 @@ from hydralight.config.trust import SHIPPED_CONF, check_trusted, configured_targ
 from hydralight.errors import UserError
 from hydralight.rundir.launch import external_launcher
 from hydralight.rundir.layout import RunDir, not_a_checkpoint_file
-from hydralight.rundir.record import read_json
+from hydralight.rundir.record import read_json, read_yaml_record
 
 CLASSIFIER = "hydralight.tasks.classifier.Classifier"
 # The project's options of any module, applied by the core (hydralight.keyed), never passed to a constructor.
@@ -582,7 +582,7 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
             f"resume={config['resume']} is not the dir of an earlier run (no config.yaml there); "
             "pass a run dir (outputs/<date>/<time>), or use resume=auto / resume=never"
         )
-    saved = upgraded(yaml.safe_load(earlier.config.read_text()) or {})
+    saved = upgraded(read_yaml_record(earlier.config, f"resume={config['resume']}"))
     # Its config is data: the classes it names are built only when this command's configs name them too.
     check_trusted(saved, configured_targets(config), f"resume={earlier.path} (its config.yaml)")
     now, then = OmegaConf.create(config), OmegaConf.create(saved)
@@ -697,7 +697,7 @@ def finished_result(config: dict[str, Any], run_dir: str) -> dict[str, Any] | No
         return None
     if (read_json(files.manifest) or {}).get("status") != "finished":
         return None
-    if upgraded(yaml.safe_load(files.config.read_text())) != upgraded(config):
+    if upgraded(read_yaml_record(files.config, "this run dir")) != upgraded(config):
         return None
     return read_json(files.results)
 

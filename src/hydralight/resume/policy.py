@@ -22,6 +22,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.model_helpers import is_overridden
 
 from hydralight.config.binding import accepted_arguments
 from hydralight.config.legacy import upgraded
@@ -337,6 +338,13 @@ def rebuild(contents: dict[str, Any], model: ModelPlan, sizes: dict[str, Any], l
 
 
 def load_weights(module: pl.LightningModule, contents: dict[str, Any], label: str) -> None:
+    """The checkpoint's weights into `module`; a module that builds its layers in `configure_model` builds them
+    first, as Lightning's own `load_from_checkpoint` does (Lightning calls it again under a strategy: such a hook
+    keeps layers it has already built)."""
+    if is_overridden("configure_model", module) and set(contents["state_dict"]) - set(module.state_dict()):
+        # A hook that needs its strategy's device mesh (it shards) fails here: its layers are built already.
+        with contextlib.suppress(Exception):
+            module.configure_model()
     try:
         module.load_state_dict(contents["state_dict"])
     except RuntimeError as err:  # missing or unexpected keys, other shapes

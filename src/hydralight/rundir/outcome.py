@@ -10,11 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hydralight.errors import UserError
 from hydralight.rundir.layout import HYDRA_RECORD, RunDir, SweepDir
-from hydralight.rundir.record import read_json
+from hydralight.rundir.record import read_json, read_yaml_record
 
 # The word of a validation metric's name that its test counterpart replaces with "test": val/acc, val_loss,
 # valid-acc, loss/validation.
@@ -64,14 +62,20 @@ def _overrides(items: Any) -> dict[str, str]:
     return dict(str(item).split("=", 1) for item in items or [] if "=" in str(item))
 
 
+def _record_or(path: Path, kind: type) -> Any:
+    """A job's YAML record, or an empty one when it is missing or not a record (a report reads on)."""
+    try:
+        return read_yaml_record(path, "job", kind) if path.is_file() else kind()
+    except UserError:
+        return kind()
+
+
 def read_job(path: Path) -> JobOutcome:
     run_dir = RunDir(path)
-    items = yaml.safe_load(run_dir.overrides.read_text()) if run_dir.overrides.is_file() else []
-    job = JobOutcome(path.name, run_dir, _overrides(items))
+    job = JobOutcome(path.name, run_dir, _overrides(_record_or(run_dir.overrides, list)))
     job.results = read_json(run_dir.results)
     job.status = "finished" if job.results is not None else "running"
-    plan = yaml.safe_load(run_dir.plan.read_text()) if run_dir.plan.is_file() else None
-    job.plan = plan if isinstance(plan, dict) else {}
+    job.plan = _record_or(run_dir.plan, dict)
     if (manifest := read_json(run_dir.manifest)) is not None:
         job.manifest = manifest
         job.plan = job.plan or manifest.get("plan") or {}

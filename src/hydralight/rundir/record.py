@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from hydralight.errors import UserError
 from hydralight.rundir.layout import LOCK_LEFTOVERS, RECORD_ONLY, RunDir
 from hydralight.rundir.redaction import redact, redact_hydra_records
 
@@ -34,13 +36,69 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(redact(dict(data)), indent=2, sort_keys=True) + "\n")
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file's object; None when it is missing or unreadable (a record being written, an old format)."""
+# A record file larger than this is no record of a run (config.yaml and manifest.json are a few kB).
+RECORD_MAX_BYTES = 8 << 20
+# YAML aliases a record may hold: the project writes none; a few allow a config written by hand.
+_MAX_ALIASES = 64
+
+
+def _read_record_bytes(path: Path) -> bytes:
+    """A run dir's record file, read as untrusted data: never through a link, never a device or a pipe (which
+    could block), never more than `RECORD_MAX_BYTES`. Raises OSError or ValueError."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
-        data = json.loads(path.read_text())
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > RECORD_MAX_BYTES:
+            raise ValueError(f"{info.st_size} bytes, more than a run's record holds")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(RECORD_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file's object; None when it is missing or unreadable (a record being written, an old format, a
+    link, a file too large to be a record)."""
+    try:
+        data = json.loads(_read_record_bytes(path))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml's safe loader, refusing a document with more aliases than a record has (an alias bomb grows without
+    bound while it is built)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases = getattr(self, "_aliases", 0) + 1
+            if self._aliases > _MAX_ALIASES:
+                raise yaml.YAMLError(f"more than {_MAX_ALIASES} aliases")
+        return super().compose_node(parent, index)
+
+
+def read_yaml_record(path: Path, label: str, kind: type = dict) -> Any:
+    """A YAML record of a run dir (config.yaml, plan.yaml: a mapping; Hydra's overrides.yaml: a list, `kind`),
+    read as untrusted data (`_read_record_bytes`, a bounded count of aliases); anything else is a UserError
+    naming the file."""
+    try:
+        data = yaml.load(_read_record_bytes(path).decode("utf-8"), Loader=_BoundedLoader)  # noqa: S506
+    except FileNotFoundError:
+        raise UserError(f"{label}: {path} is missing") from None
+    except (OSError, ValueError, RecursionError, yaml.YAMLError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UserError(
+            f"{label}: {path} cannot be read as a run's record ({reason}); it is not one this project wrote"
+        ) from None
+    if data is None:
+        return kind()
+    if not isinstance(data, kind):
+        what = "mapping" if kind is dict else kind.__name__
+        raise UserError(f"{label}: {path} holds a {type(data).__name__}, not the {what} a run's record is")
+    return data
 
 
 def save_config(run_dir: RunDir, config: Mapping[str, Any], plan: Mapping[str, Any]) -> None:

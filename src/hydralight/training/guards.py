@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import warnings
 from collections.abc import Callable
@@ -16,6 +17,8 @@ import torch
 from pytorch_lightning.utilities.data import extract_batch_size
 
 from hydralight.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def kept_state(last: Path) -> str:
@@ -64,13 +67,29 @@ class ObjectiveLogged(pl.Callback):
         if self.metric in trainer.callback_metrics:
             return
         logged = sorted(k for k in trainer.callback_metrics if not k.startswith(("train", "lr-")))
-        shown = ", ".join(logged) if logged else "nothing"
+        if not logged:  # a validation that logs nothing (Lightning's BoringModel): no objective, said once
+            self._train_without_objective(trainer, pl_module)
+            return
+        shown = ", ".join(logged)
         refused = UserError(
             f"objective.metric={self.metric} is not logged in validation by {type(pl_module).__name__} (it logs "
             f"{shown}); set objective.metric to one of them (objective.direction=min for a loss)"
         )
         refused.before_any_result = True  # a new run leaves no run dir
         raise refused
+
+    def _train_without_objective(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """No best checkpoint and no objective (last.ckpt is the run's checkpoint, as for a module without a
+        validation step); a sweeper or a search gets nothing to tune on from such a run."""
+        for callback in list(trainer.checkpoint_callbacks):
+            if getattr(callback, "monitor", None) == self.metric:
+                trainer.callbacks.remove(callback)  # type: ignore[attr-defined]  # the connector's list
+        if trainer.is_global_zero:
+            log.info(
+                f"no objective: {type(pl_module).__name__}'s validation logs nothing, so objective.metric="
+                f"{self.metric} is never measured and the run's checkpoint is last.ckpt; log it in validation_step "
+                "(self.log), or skip validation with trainer.limit_val_batches=0"
+            )
 
     def state_dict(self) -> dict[str, Any]:
         return {}

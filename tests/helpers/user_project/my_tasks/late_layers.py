@@ -40,6 +40,9 @@ class LateLayers(pl.LightningModule):
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self.log("test_loss", self._loss(batch), sync_dist=True)
 
+    def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.net(batch["x"]).squeeze(-1)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 

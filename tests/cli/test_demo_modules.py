@@ -1,0 +1,34 @@
+"""Lightning's own demo classes (pytorch_lightning.demos) through train.py, unchanged: BoringModel validates
+without logging anything, so it trains with no objective (said in one line), on 1 and 2 processes."""
+
+import json
+
+import pytest
+from conftest import HELPERS, run_cli
+
+BORING = ["model=boring", "data=boring", "hardware=cpu", "batch.global_size=4", "trainer.max_steps=6",
+          "trainer.val_check_interval=3"]  # fmt: skip
+
+
+def demo_project(folder):
+    """A folder whose ./conf names Lightning's demo module and a data module around its data, as a user writes."""
+    for group, target in (("model", "pytorch_lightning.demos.boring_classes.BoringModel"),
+                          ("data", "boring_data.BoringData")):  # fmt: skip
+        (folder / "conf" / group).mkdir(parents=True)
+        (folder / "conf" / group / "boring.yaml").write_text(f"_target_: {target}\n")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [[], ["hardware.devices=2", "strategy=ddp"]], ids=["1", "ddp"])
+def test_a_validation_that_logs_nothing_trains_without_an_objective(processes, tmp_path):
+    run = tmp_path / "run"
+    done = run_cli([*BORING, *processes], run, cwd=demo_project(tmp_path), PYTHONPATH=str(HELPERS))
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    said = [line for line in (run / "train.log").read_text().splitlines() if "no objective:" in line]
+    assert len(said) == 1 and "trainer.limit_val_batches=0" in said[0], said
+    results = json.loads((run / "results.json").read_text())
+    assert results["global_step"] == 6 and results["objective"]["value"] is None
+    assert results["best_checkpoint"].endswith("last.ckpt")
+    measured = {json.loads(p.read_text())["train_batch_size"] for p in (run / "ranks").glob("rank*.json")}
+    assert measured == {4 // (2 if processes else 1)}
