@@ -196,7 +196,11 @@ def main(cfg: DictConfig) -> float | None:
                 print(plan.table(), end="")
                 discard_unused_run_dir(run_dir, keep_folder=claim is not None and not claim.made_folder)
                 return None
-            return run(plan, machine)
+            # `resume=RUN_DIR hydra.run.dir=OTHER` continues in RUN_DIR: the dir written is the one locked.
+            continued = Path(plan.paths.run_dir).resolve()
+            elsewhere = is_rank_zero() and continued != run_dir.resolve()
+            with RunDirLock(continued) if elsewhere else contextlib.nullcontext():
+                return run(plan, machine)
         except UserError as err:
             # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it), and
             # removes only what this attempt added: a folder that was there before stays.

@@ -609,8 +609,34 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
     # A copied or moved run dir is a run of its own: nothing it writes may land in the original.
     old = str((saved.get("paths") or {}).get("output_dir", earlier.path))
     moved = _moved(OmegaConf.to_container(then), old, str(earlier.path.resolve()))
+    if outside := _writes_outside(moved, earlier.path.resolve()):
+        raise UserError(
+            f"resume={earlier.path} (its config.yaml) would write outside its run dir: {outside}; a run writes only "
+            "into its own run dir: delete that key from its config.yaml, or start a new run"
+        )
     moved["resume"] = "auto"
     return moved, str(earlier.path.resolve())
+
+
+# Keys whose value says where a callback, logger, profiler or the trainer writes its files.
+_WRITE_KEYS = frozenset({"dirpath", "run_dir", "save_dir", "default_root_dir", "output_dir", "log_dir", "dir"})
+
+
+def _writes_outside(value: Any, run_dir: Path, where: str = "") -> str | None:
+    """The first `key=path` in a saved config that would have a run write outside `run_dir` (a hostile or
+    edited config.yaml pointing a checkpoint folder at another run's); None when all stay inside."""
+    if not isinstance(value, dict):
+        return None
+    for key, item in value.items():
+        name = f"{where}{key}"
+        if isinstance(item, dict):
+            if found := _writes_outside(item, run_dir, f"{name}."):
+                return found
+        elif key in _WRITE_KEYS and isinstance(item, str):
+            target = Path(item) if Path(item).is_absolute() else Path.cwd() / item
+            if not target.resolve().is_relative_to(run_dir):
+                return f"{name}={item}"
+    return None
 
 
 def _moved(value: Any, old: str, new: str) -> Any:
