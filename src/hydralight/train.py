@@ -23,7 +23,7 @@ from hydralight.config.plan import Machine, RunPlan
 from hydralight.config.resolve import JobInfo
 from hydralight.config.schema import register
 from hydralight.errors import UserError, exit_on_user_error
-from hydralight.rundir.launch import is_rank_zero
+from hydralight.rundir.launch import check_rank_variables, is_rank_zero
 from hydralight.rundir.lock import RunDirLock
 from hydralight.rundir.ownership import Claim, check_usable
 
@@ -232,6 +232,7 @@ def cli() -> None:
 
 def _start(invocation: Invocation) -> None:
     global _claimed_before_hydra, _hydra_record_before
+    check_rank_variables()  # this door is a shell's or a launcher's, never one of this project's own ranks
     # Every job's config is composed and type-checked first: a wrong value is one line, before any run dir.
     modes: set = set()
     invocation = reach_module_arguments(CONFIG_DIR, "train", invocation)

@@ -1,5 +1,6 @@
 """The command line read before Hydra: an override Hydra cannot parse is one line that says how to write it."""
 
+import re
 import shlex
 
 import pytest
@@ -69,3 +70,40 @@ def test_cfg_with_a_sweep_is_one_line():
 
     with pytest.raises(UserError, match="--cfg prints the config of one run; drop -m"):
         compose_jobs(CONFIG_DIR, "train", Invocation(("--cfg", "job", "-m", "optim.lr=1,2")))
+
+
+@pytest.mark.parametrize("arg", ["+note=a\nrun dir: /etc", "seed=1\r", "x=\x1b[2Jcleared"])
+def test_a_control_character_in_an_override_is_refused_escaped(arg):
+    with pytest.raises(UserError) as err:
+        Invocation((arg,)).check_readable()
+    said = str(err.value)
+    assert "holds a control character" in said and "\n" not in said and "\r" not in said and "\x1b" not in said
+
+
+@pytest.mark.parametrize(("deleted", "said"), [("~objective", "set its keys (objective.KEY=...)"),
+                                               ("~mode", "give it a value (mode=...)")])  # fmt: skip
+def test_deleting_a_key_every_run_reads_is_one_line(deleted, said):
+    from hydralight.config.compose import compose_jobs
+    from hydralight.train import CONFIG_DIR
+
+    with pytest.raises(UserError, match=re.escape(f"{deleted} deletes {deleted[1:]}, which every run reads; {said}")):
+        compose_jobs(CONFIG_DIR, "train", Invocation((deleted,)))
+
+
+@pytest.mark.parametrize("variables", [{"RANK": "1"}, {"LOCAL_RANK": "0"}, {"RANK": "0", "LOCAL_RANK": "1"}])
+def test_rank_variables_of_another_launch_are_refused(monkeypatch, variables):
+    from hydralight.rundir.launch import check_rank_variables
+
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match="no launcher .torchrun, srun. started this process"):
+        check_rank_variables()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")  # torchrun's own ranks
+    check_rank_variables()
+
+
+def test_rank_zero_alone_is_no_stale_launch(monkeypatch):
+    from hydralight.rundir.launch import check_rank_variables
+
+    monkeypatch.setenv("RANK", "0")
+    check_rank_variables()

@@ -246,3 +246,15 @@ def test_a_data_module_whose_loader_yields_another_batch_is_refused():
     # A setup that needs the real trainer cannot be probed: its first batch is measured in training instead.
     asks = _AsksForMore(16)
     assert with_planned_batch(asks, {"_target_": f"{__name__}._AsksForMore"}, {"batch_size": 16}, 2) is asks
+
+
+def test_a_fifo_named_like_an_image_is_left_out_of_the_prediction_source(tmp_path):
+    import os
+
+    from PIL import Image
+
+    from hydralight.data.files import images_to_predict
+
+    Image.new("L", (8, 8)).save(tmp_path / "a.png")
+    os.mkfifo(tmp_path / "b.png")  # opening it would wait for a writer forever
+    assert [path.name for path, _ in images_to_predict(str(tmp_path), ["x"])] == ["a.png"]

@@ -11,3 +11,28 @@ def test_a_validation_interval_longer_than_the_epoch_is_one_line_and_leaves_no_r
     across = ["trainer.val_check_interval=6", "trainer.check_val_every_n_epoch=null", "trainer.max_epochs=2"]
     result = run_cli([*TINY, *across], tmp_path / "across", tiny_data)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_taken_master_port_from_the_shell_is_replaced_in_one_line(monkeypatch, caplog):
+    import socket
+
+    from hydralight.errors import UserError
+    from hydralight.training.trainer import cluster_environment
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        monkeypatch.setenv("MASTER_PORT", port)
+        with caplog.at_level("WARNING"):
+            environment = cluster_environment(2)
+        assert (
+            environment.main_port != int(port) and f"MASTER_PORT={port} from the environment is in use" in caplog.text
+        )
+    free = str(environment.main_port)
+    assert cluster_environment(2).main_port == int(free)  # a free one stays
+    monkeypatch.setenv("MASTER_PORT", "abc")
+    import pytest
+
+    with pytest.raises(UserError, match="MASTER_PORT='abc' in the environment is no port"):
+        cluster_environment(2)

@@ -72,6 +72,12 @@ class Invocation:
 
         parser = OverridesParser.create()
         args = self.override_args
+        for arg in args:
+            if any(ord(c) < 32 or ord(c) == 127 for c in arg):  # a newline would print a forged line of its own
+                raise UserError(
+                    f"{arg.encode('unicode_escape').decode()} holds a control character (a newline, a tab, an "
+                    "escape); write the value without it"
+                )
         for i, arg in enumerate(args):
             try:
                 parser.parse_overrides([arg])
@@ -272,6 +278,10 @@ def compose_jobs(
                 hydra_modes.add(cfg.hydra.get("mode"))
             with open_dict(cfg):
                 del cfg["hydra"]  # what compose() returns without return_hydra_config
+            if deleted := _deleted_from_the_schema(cfg):
+                name, group = deleted
+                instead = f"set its keys ({name}.KEY=...) instead" if group else f"give it a value ({name}=...)"
+                raise UserError(f"{prefix}~{name} deletes {name}, which every run reads; {instead}")
             if unknown := _added_to_a_schema(cfg):
                 raise UserError(
                     prefix
@@ -295,6 +305,17 @@ def mode_known(mode: Any) -> Iterator[None]:
 
     with mock.patch.object(Hydra, "get_mode", lambda self, config_name, overrides: mode):
         yield
+
+
+def _deleted_from_the_schema(cfg: DictConfig) -> tuple[str, bool] | None:
+    """A top-level key of the run's schema that a `~key` override deleted (Hydra lets it through, and the run
+    would fail where it reads it), other than those whose absence means nothing given (`ckpt_path`, ...)."""
+    from hydralight.config.schema import TrainConf
+
+    for field in dataclasses.fields(TrainConf):
+        if field.default is not None and field.name not in cfg:
+            return field.name, field.default is dataclasses.MISSING  # a group (made by its default_factory)
+    return None
 
 
 def _added_to_a_schema(cfg: DictConfig) -> str | None:

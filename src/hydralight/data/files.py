@@ -52,7 +52,7 @@ def decode(path: Path, mode: str | None, size: tuple[int, int] | None) -> torch.
 def images_to_predict(source: str, classes: list[str]) -> list[tuple[Path, int]]:
     """The images under `source`, sorted by path, with their labels: `source/<class>/*` when every folder in it
     is one of `classes` (the data's class names), else every image at any depth, unlabelled. Hidden files and
-    folders are left out."""
+    folders, and anything that is no regular file, are left out."""
     root = Path(source).expanduser()
     if not root.is_dir():
         raise UserError(
@@ -62,8 +62,10 @@ def images_to_predict(source: str, classes: list[str]) -> list[tuple[Path, int]]
     found = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found += [
-            Path(folder) / n for n in names if not n.startswith(".") and has_file_allowed_extension(n, IMAGE_FILES)
+        found += [  # regular files only: a FIFO or a device named like an image would block its reader
+            Path(folder) / n
+            for n in names
+            if not n.startswith(".") and has_file_allowed_extension(n, IMAGE_FILES) and (Path(folder) / n).is_file()
         ]
     if not found:
         raise UserError(f"predict.source={source} holds no images ({', '.join(IMAGE_FILES)})")

@@ -77,3 +77,17 @@ def check_writable(folder: str) -> None:
         raise UserError(
             f"cannot write run outputs to {folder} ({reason}); run from a writable folder or set hydra.run.dir=..."
         )
+
+
+def check_rank_variables() -> None:
+    """Refuse rank variables of another launch left in the shell: `python train.py` started by hand would act as
+    that rank (writing no record, as only rank 0 writes), or as a child of a launch that never happened."""
+    if external_launcher() is not None:
+        return
+    stale = [f"{name}={os.environ[name]}" for name in ("RANK", "LOCAL_RANK") if name in os.environ]
+    if stale and stale != ["RANK=0"]:
+        names = " ".join(s.split("=", 1)[0] for s in stale)
+        raise UserError(
+            f"{', '.join(stale)} is set in this shell, but no launcher (torchrun, srun) started this process; it "
+            f"would run as another job's rank and record nothing: unset {names} (or start the ranks with torchrun)"
+        )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,7 +89,32 @@ def cluster_environment(world_size: int) -> ClusterEnvironment:
     if launcher == "slurm" or (world_size == 1 and SLURMEnvironment.detect()):
         # The Preemption callback owns the signals; Lightning's own SLURM requeue stays off.
         return SLURMEnvironment(auto_requeue=False)
+    if world_size > 1 and "LOCAL_RANK" not in os.environ:  # the launching rank, before it starts the others
+        _free_master_port()
     return LightningEnvironment()
+
+
+def _free_master_port() -> None:
+    """A MASTER_PORT left in the shell that another process listens on would hang the ranks' rendezvous past any
+    deadline: another port is taken, said in one line (a value that is no port is refused)."""
+    given = os.environ.get("MASTER_PORT")
+    if given is None:
+        return
+    if not given.isdigit() or not 0 < int(given) < 65536:
+        raise UserError(f"MASTER_PORT={given!r} in the environment is no port; unset it (a free port is chosen)")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((os.environ.get("MASTER_ADDR", "127.0.0.1"), int(given)))
+            return
+        except OSError:
+            pass
+    from lightning_fabric.plugins.environments.lightning import find_free_network_port
+
+    os.environ["MASTER_PORT"] = str(find_free_network_port())
+    log.warning(
+        f"MASTER_PORT={given} from the environment is in use by another process; this run's ranks meet on port "
+        f"{os.environ['MASTER_PORT']} instead (unset MASTER_PORT to have one chosen)"
+    )
 
 
 def build_trainer(
