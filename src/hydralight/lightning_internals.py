@@ -285,6 +285,11 @@ class _CountsBackLauncher(_MultiProcessingLauncher):
                 callback.into.update(measured)
 
 
+def spawned_rank(trainer: pl.Trainer) -> bool:
+    """Whether this rank was spawned by ddp_spawn's launcher (its error reaches the parent process, which says it)."""
+    return isinstance(trainer.strategy.launcher, _MultiProcessingLauncher)
+
+
 class CountsBackSpawnDDP(DDPStrategy):
     """`ddp_spawn` (a DDPStrategy with a spawn start method) whose main process learns what its workers counted;
     its private `_configure_launcher` is where the launcher is chosen."""

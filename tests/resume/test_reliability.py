@@ -89,7 +89,9 @@ def test_nan_loss_stops_with_the_step_named(tiny_data, tmp_path):
 
 
 def test_nan_loss_beside_an_unreadable_older_checkpoint_says_why_the_run_stopped(tiny_data, tmp_path):
-    run = tmp_path / "run"
+    from hydralight.rundir.ownership import Claim
+
+    run = Claim.take(tmp_path / "run").path  # a run dir of this project, whose last.ckpt got damaged
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not really a checkpoint")
     result = run_cli([*TINY, "optim=sgd", "optim.lr=1e12", "optim.lr_scaling=none", "resume=never",

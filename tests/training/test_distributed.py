@@ -45,6 +45,7 @@ def test_two_process_ddp_on_cpu(tiny_data, tmp_path, strategy):
     assert sorted(p.name for p in run.iterdir()) == sorted(
         [
             ".hydra",
+            ".hydralight",
             "checkpoints",
             "config.yaml",
             "csv",

@@ -197,3 +197,23 @@ def test_a_module_with_its_own_configure_model_shards_itself(tmp_path):
     log = (run / "train.log").read_text()
     assert "SelfShardingCharLM.configure_model shards the module (strategy.shard is not read)" in log
     assert "own configure_model sharded 2 blocks" in log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp_spawn"])
+def test_a_fixed_schedule_stretched_on_n_processes_is_one_line_before_training(strategy, tmp_path):
+    """The refusal one process gives (a OneCycleLR of 4 steps continued to 8) holds where Lightning reads the
+    checkpoint after setting up (fsdp) and where the ranks are spawned (ddp_spawn); the run is left as it was."""
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(" ".join(["the", "quick", "brown", "fox", "jumps"][(i + j) % 5] for j in range(10))
+                              for i in range(300)))  # fmt: skip
+    common = ["experiment=charlm", f"data.path={text}", "hardware=cpu", "hardware.devices=2", "data.block_size=32",
+              "batch.global_size=16", f"strategy={strategy}"]  # fmt: skip
+    run = tmp_path / "run"
+    ok(run_cli([*common, "trainer.max_steps=4"], run))
+    before = (run / "results.json").read_bytes(), (run / "checkpoints" / "last.ckpt").read_bytes()
+    refused = run_cli([*common, "trainer.max_steps=8"], run)
+    line = one_line(refused)
+    assert "follows a OneCycleLR schedule of 4 steps and this run would take 8" in line
+    assert refused.stderr.count("error: ") == 1 and "Traceback" not in refused.stderr
+    assert ((run / "results.json").read_bytes(), (run / "checkpoints" / "last.ckpt").read_bytes()) == before

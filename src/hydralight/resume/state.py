@@ -18,7 +18,13 @@ import pytorch_lightning as pl
 import torch
 
 from hydralight.errors import EXIT_USER_ERROR, UserError
-from hydralight.lightning_internals import forget_train_loader, loader_state_saved, mid_epoch, record_loop_state
+from hydralight.lightning_internals import (
+    forget_train_loader,
+    loader_state_saved,
+    mid_epoch,
+    record_loop_state,
+    spawned_rank,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +74,7 @@ class ResumeState(pl.Callback):
         self._restored_schedulers: list[dict[str, Any]] = []
         self._saved_lr: float | None = None
         self._apply_lr: tuple[float, float] | None = None
+        self._checks_on_load = False
 
     # -- saving ---------------------------------------------------------------------------------------
 
@@ -105,12 +112,34 @@ class ResumeState(pl.Callback):
         self._reached = (int(checkpoint.get("global_step") or 0), epochs_done(checkpoint))
         self._restored_schedulers = list(checkpoint.get("lr_schedulers", []))
         self._saved_lr = (checkpoint.get("hyper_parameters") or {}).get("lr")
+        if self._checks_on_load:  # fit started before the checkpoint was read: checked now, before it is applied
+            self._checks_on_load = False
+            forget_train_loader(trainer)
+            self._check_continuation(trainer, pl_module)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Runs after `configure_optimizers` and before Lightning restores the optimizers and the loop.
+        # Runs after `configure_optimizers`, before Lightning restores the optimizers and the loop; a strategy that
+        # restores the checkpoint only after setting up (fsdp) reads it after this hook: the checks wait for it.
+        if trainer.strategy.restore_checkpoint_after_setup:  # its checkpoint (if any) is not even named yet
+            self._checks_on_load = True
+            return
         if not trainer.ckpt_path:
             return
         forget_train_loader(trainer)
+        self._check_continuation(trainer, pl_module)
+
+    def _check_continuation(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A continued run's settings against its checkpoint's: a schedule of another length, another learning
+        rate under a schedule, a budget already reached are refused before anything trains. Every rank reads the
+        same checkpoint and settings: rank 0 says it, once."""
+        try:
+            self._compare(trainer, pl_module)
+        except UserError:
+            if trainer.global_rank != 0 and not spawned_rank(trainer):
+                raise SystemExit(EXIT_USER_ERROR) from None
+            raise
+
+    def _compare(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         source = trainer.ckpt_path
         for config in trainer.lr_scheduler_configs:
             state = config.scheduler.state_dict()
@@ -154,8 +183,6 @@ class ResumeState(pl.Callback):
                 "train on; the run's results are left as they were"
             )
             refused.before_any_result = True
-            if trainer.global_rank != 0:  # every rank reads the same checkpoint and budget: rank 0 says it
-                raise SystemExit(EXIT_USER_ERROR)
             raise refused
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

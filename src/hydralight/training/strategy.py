@@ -101,24 +101,32 @@ class JobFSDPStrategy(PlannedRanksModelParallel):
         # builds its layers there (as Lightning's docs show) has them made equal on every rank, then sharded.
         target, mesh = module, self.device_mesh["data_parallel"]
 
+        name = type(module).__name__
+        units = ", ".join(f"{unit}.*" for unit in self.shard) or "each child with parameters"
+        planned = f"strategy.shard: {units}, then the root {name}"
+
         def configure_model() -> None:
             from torch.distributed.fsdp import FSDPModule
 
+            if isinstance(target, FSDPModule):
+                return  # sharded for an earlier stage
+            how = planned
             if own is not None:
                 own()
                 if isinstance(target, FSDPModule):
+                    self._say(f"{name}.configure_model shards the module (strategy.shard is not read)")
                     return
                 self._check_units(target)
-                for tensor in [*target.parameters(), *target.buffers()]:
+                for tensor in [*target.parameters(), *target.buffers()]:  # layers built on each rank: rank 0's
                     torch.distributed.broadcast(tensor.data, src=0)
+                how = f"{name}.configure_model builds its layers, then {planned}"
             shard_module(target, self.shard, mesh, self.mixed_precision)
+            self._say(how)
 
         setattr(module, "configure_model", configure_model)  # noqa: B010  # this instance's, not its class's
-        units = ", ".join(f"{name}.*" for name in self.shard) or "each child with parameters"
-        how = f"strategy.shard: {units}, then the root {type(module).__name__}"
-        if own is not None:
-            how = f"{type(module).__name__}.configure_model, then (unless it shards the module itself) {how}"
         setattr(module, "_hydralight_shards", True)  # noqa: B010  # a mark on the instance, not an attribute of its class
+
+    def _say(self, how: str) -> None:
         if self.global_rank == 0:
             log.info(f"fsdp over {self.world_size} processes: {how}")
 

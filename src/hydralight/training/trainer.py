@@ -154,18 +154,13 @@ def lightning_refusals() -> Iterator[None]:
         yield
     except MisconfigurationException as err:
         raise UserError(f"Lightning refuses this run's settings: {_first_line(err)}") from None
-    except (RuntimeError, ProcessRaisedException) as err:  # the latter: a ddp_spawn rank's error, in its parent
-        # DDP reduces every parameter's gradient after each backward; a step that leaves some without one (a GAN's
-        # discriminator step, a branch some batches skip) fails at the next backward or forward, on every rank.
-        if not UNUSED_PARAMETERS.search(str(err)):
-            raise
-        if not is_rank_zero():
-            # Every rank fails alike; rank 0 says it, for the job, and the others leave quietly.
-            raise SystemExit(EXIT_USER_ERROR) from None
-        raise UserError(
-            "DDP found parameters that received no gradient in a training step (some of the module's parameters "
-            "are not used in its loss, or only by another optimizer); set strategy.find_unused_parameters=true"
-        ) from None
+    except ProcessRaisedException as err:  # a ddp_spawn rank's error, in its parent: a refusal stays one line
+        refused = [line for line in str(err).splitlines() if line.startswith(SPAWNED_REFUSAL)]
+        if refused:
+            raise UserError(refused[-1][len(SPAWNED_REFUSAL) :]) from None
+        _unused_parameters(err)
+    except RuntimeError as err:
+        _unused_parameters(err)
     except ValueError as err:
         counts = re.match(r"`val_check_interval` \((\d+)\).*?\((\d+)\)", str(err).strip())
         if counts is None:
@@ -176,6 +171,25 @@ def lightning_refusals() -> Iterator[None]:
             f"validate within the epoch (at most {batches}), or count across epochs with "
             "trainer.check_val_every_n_epoch=null"
         ) from None
+
+
+# How a spawned rank's UserError ends the text of the exception its parent receives.
+SPAWNED_REFUSAL = f"{UserError.__module__}.{UserError.__qualname__}: "
+
+
+def _unused_parameters(err: BaseException) -> None:
+    """DDP reduces every parameter's gradient after each backward; a step that leaves some without one (a GAN's
+    discriminator step, a branch some batches skip) fails at the next backward or forward, on every rank: one
+    line instead. Any other error is raised as it is."""
+    if not UNUSED_PARAMETERS.search(str(err)):
+        raise err
+    if not is_rank_zero():
+        # Every rank fails alike; rank 0 says it, for the job, and the others leave quietly.
+        raise SystemExit(EXIT_USER_ERROR) from None
+    raise UserError(
+        "DDP found parameters that received no gradient in a training step (some of the module's parameters "
+        "are not used in its loss, or only by another optimizer); set strategy.find_unused_parameters=true"
+    ) from None
 
 
 def _first_line(err: BaseException) -> str:
