@@ -199,6 +199,8 @@ def main(cfg: DictConfig) -> float | None:
             # `resume=RUN_DIR hydra.run.dir=OTHER` continues in RUN_DIR: the dir written is the one locked.
             continued = Path(plan.paths.run_dir).resolve()
             elsewhere = is_rank_zero() and continued != run_dir.resolve()
+            if elsewhere:
+                check_usable(continued, "resume")
             with RunDirLock(continued) if elsewhere else contextlib.nullcontext():
                 return run(plan, machine)
         except UserError as err:

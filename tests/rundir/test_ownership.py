@@ -87,7 +87,7 @@ def test_a_link_in_place_of_the_marker_is_not_followed(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / ".hydralight").symlink_to(outside)
-    with pytest.raises(UserError, match="did not write"):
+    with pytest.raises(UserError, match="a link to .* outside the run dir"):
         check_usable(run, "hydra.run.dir")
     assert outside.read_text() == "keep me"
 
@@ -145,3 +145,21 @@ def test_an_interpolated_run_dir_name_is_resolved_before_anything_is_made(tiny_d
     assert result.returncode == 0, result.stderr[-2000:]
     (made,) = tmp_path.iterdir()
     assert "$" not in made.name and (made / "results.json").is_file()
+
+
+@pytest.mark.parametrize("inside", ["manifest.json", "results.json", "csv/metrics.csv", "checkpoints/last.ckpt"])
+def test_a_link_out_of_a_run_dir_is_refused_before_anything_is_written(tmp_path, inside):
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me\n")
+    run = Claim.take(tmp_path / "run").path  # a run dir of this project, someone's link put in it
+    (run / inside).parent.mkdir(parents=True, exist_ok=True)
+    (run / inside).symlink_to(outside)
+    with pytest.raises(UserError, match=f"holds {inside}, a link to {outside} outside the run dir"):
+        Claim.take(run)
+    assert outside.read_text() == "keep me\n"
+    # Lightning's own links stay inside (save_last: link): they are fine.
+    (run / inside).unlink()
+    (run / "checkpoints").mkdir(exist_ok=True)
+    (run / "checkpoints" / "epoch000.ckpt").write_bytes(b"x")
+    (run / "checkpoints" / "last-link.ckpt").symlink_to("epoch000.ckpt")
+    assert Claim.take(run).made_folder

@@ -78,10 +78,33 @@ def foreign_entries(path: Path, hydra_wrote: bool = False) -> list[str]:
     ]
 
 
+def link_out_of(path: Path, limit: int = 10_000) -> tuple[Path, str] | None:
+    """A link inside the run dir whose target lies outside it (what a write through it would change), with its
+    target; None when there is none. Links that stay inside (Lightning's `last.ckpt -> epoch...ckpt`) are fine."""
+    root = path.resolve()
+    seen = 0
+    for folder, dirs, names in os.walk(path):  # never into linked folders: a linked folder is itself checked
+        for name in [*dirs, *names]:
+            seen += 1
+            if seen > limit:
+                return None  # no run dir holds that many files: not worth walking further
+            entry = Path(folder) / name
+            if entry.is_symlink() and not entry.resolve().is_relative_to(root):
+                return entry, os.readlink(entry)
+    return None
+
+
 def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
-    """Refuse, in one line and before anything is written, a run dir that is a file or a folder of the user's."""
+    """Refuse, in one line and before anything is written, a run dir that is a file or a folder of the user's,
+    or one holding a link that a run would write through to a file outside it."""
     if path.exists() and not path.is_dir():
         raise UserError(f"{key}={path} is a file, not a folder; give a new folder for the run")
+    if path.is_dir() and (link := link_out_of(path)) is not None:
+        entry, target = link
+        raise UserError(
+            f"{key}={path} holds {entry.relative_to(path)}, a link to {target} outside the run dir, which the run "
+            "would write through; nothing was written. Remove the link (a run writes only inside its run dir)"
+        )
     found = foreign_entries(path, hydra_wrote)
     if found:
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
