@@ -258,3 +258,13 @@ def test_a_fifo_named_like_an_image_is_left_out_of_the_prediction_source(tmp_pat
     Image.new("L", (8, 8)).save(tmp_path / "a.png")
     os.mkfifo(tmp_path / "b.png")  # opening it would wait for a writer forever
     assert [path.name for path, _ in images_to_predict(str(tmp_path), ["x"])] == ["a.png"]
+
+
+def test_idx_images_of_the_right_length_but_other_sizes_are_refused(tmp_path):
+    from conftest import make_mnist
+
+    root = make_mnist(tmp_path, n_train=60, n_test=20)
+    raw = root / "MNIST" / "raw"
+    write_idx(raw / "t10k-images-idx3-ubyte", np.zeros((20, 14, 56), dtype=np.uint8))  # 784 bytes each, as 28x28
+    with pytest.raises(UserError, match=r"holds images of 14x56 where MNIST's are 28x28"):
+        MNISTDataModule(str(root)).prepare_data()

@@ -38,6 +38,7 @@ class IdxDataModule(ImageDataModule):
     described = ""
     channel_mean: tuple[float, ...] = ()
     channel_std: tuple[float, ...] = ()
+    image_size = (28, 28)  # what its image files must hold (an IDX header can say any size)
 
     def __init__(self, data_dir: str, download: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -85,6 +86,12 @@ class IdxDataModule(ImageDataModule):
             raise UserError(
                 f"{path} has {size} bytes but its header {list(shape)} needs {expected}: the file is truncated "
                 "or corrupt; delete it so it is downloaded again, or point DATA_DIR at a good copy"
+            )
+        if ndim == 3 and tuple(shape[1:]) != cls.image_size:  # a valid length with other sizes: another data set
+            raise UserError(
+                f"{path} holds images of {shape[1]}x{shape[2]} where {cls.name}'s are "
+                f"{cls.image_size[0]}x{cls.image_size[1]}; it is not {cls.described} file: replace it with one, "
+                "or point DATA_DIR at a good copy"
             )
         return shape
 
