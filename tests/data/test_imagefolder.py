@@ -207,3 +207,34 @@ def test_sigkill_then_resume_ends_exactly_like_an_uninterrupted_run(image_folder
     a, b = weights(plain), weights(killed)
     assert all(torch.equal(a[k], b[k]) for k in a), "weights differ after resume"
     assert results(plain)["test/acc"] == results(killed)["test/acc"]
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [
+        lambda c: {**c, "train_labels": torch.full_like(c["train_labels"], 200)},  # labels past the classes
+        lambda c: {**c, "train": torch.zeros((len(c["train"]), 3, 8, 8), dtype=torch.uint8)},  # other sizes
+        lambda c: {**c, "test": c["test"][:3], "test_labels": c["test_labels"][:3]},  # counts that do not add up
+        lambda c: {k: v for k, v in c.items() if k != "test_labels"},  # a key missing
+    ],
+    ids=["labels", "sizes", "counts", "keys"],
+)
+def test_a_cache_that_does_not_hold_what_it_claims_is_rebuilt(fresh_image_folder, tmp_path, poison):
+    first = module(fresh_image_folder, tmp_path)
+    first.setup("fit")
+    (path,) = (tmp_path / "imagefolder").glob("*.pt")
+    torch.save(poison(torch.load(path, weights_only=True)), path)  # the matching key kept
+    again = module(fresh_image_folder, tmp_path)
+    again.setup("fit")
+    assert again.cache_reused is False
+    assert torch.equal(first.content()["train_labels"], again.content()["train_labels"])
+
+
+def test_an_unwritable_cache_folder_costs_only_the_cache(fresh_image_folder, tmp_path, caplog):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would be")  # unwritable even for root
+    with caplog.at_level("WARNING"):
+        dm = module(fresh_image_folder, blocked)
+        dm.setup("fit")
+    assert dm.cache_reused is False and len(dm.splits["train"]) == 72
+    assert "cannot be written" in caplog.text and "decoding without it" in caplog.text

@@ -287,7 +287,9 @@ class ImageFolderDataModule(ImageDataModule):
             kind = "tensors" if self.resolved_loader() == "tensor" else "stats"
             build = self._decode_all if kind == "tensors" else self._measure
             start = time.monotonic()
-            self._content, self.cache_reused = cached(self.cache_file(kind), self.cache_key(kind), build)
+            self._content, self.cache_reused = cached(
+                self.cache_file(kind), self.cache_key(kind), build, self._holds_what_it_claims
+            )
             if self.cache_reused:
                 log.info(
                     f"decoded images of {self.root} read from {self.cache_file(kind)} ({time.monotonic() - start:.2f} s)"
@@ -332,6 +334,26 @@ class ImageFolderDataModule(ImageDataModule):
         if skipped:
             images, labels = images[keep], labels[keep]
         return images, labels, skipped
+
+    def _holds_what_it_claims(self, content: dict[str, Any]) -> bool:
+        """A cache read from disk against this folder: its classes, and for decoded images their shape, type,
+        counts (the listing's, less the files it says it skipped) and labels in the classes' range."""
+        if content.get("classes") != self.listing.classes or len(content.get("mean", [])) != self.input_shape[0]:
+            return False
+        if "train" not in content:
+            return True  # statistics only
+        skipped = len(content.get("skipped", []))
+        for split in ("train", "test"):
+            images, labels = content[split], content[f"{split}_labels"]
+            if images.dtype != torch.uint8 or tuple(images.shape[1:]) != tuple(self.input_shape):
+                return False
+            if len(images) != len(labels) or (
+                len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < len(self.listing.classes)
+            ):
+                return False
+        return len(content["train"]) + len(content["test"]) + skipped == len(self.listing.train) + len(
+            self.listing.test
+        )
 
     def _decode_all(self) -> dict[str, Any]:
         log.info(f"decoding {len(self.listing.train) + len(self.listing.test)} images of {self.root}")
