@@ -50,7 +50,7 @@ slurm-down: ## stop the daemons slurm-up started, remove its namespaced nodes
 	bash scripts/slurm_down.sh
 
 report: ## table and plots of a sweep: make report SWEEP=multirun/<date>/<time>
-	$(BIN)/python scripts/sweep_report.py $(SWEEP)
+	$(BIN)/python -m hydralight.report $(SWEEP)
 
 bench: ## benchmark suite on the real MNIST in DATA_DIR; writes benchmarks/RESULTS.md and results.png
 	$(BIN)/python scripts/benchmark.py

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT, TINY, compose_config, csv_rows, run_cli, run_python
+from conftest import TINY, compose_config, csv_rows, run_cli, run_python
 from conftest import plan_of as run_plan_of
 from omegaconf import OmegaConf
 
@@ -42,7 +42,7 @@ def sweep(tiny_data, tmp_path_factory):
 
 
 def report(*args):
-    return run_python([sys.executable, str(ROOT / "scripts" / "sweep_report.py"), *map(str, args)], timeout=120)
+    return run_python([sys.executable, "-m", "hydralight.report", *map(str, args)], timeout=120)
 
 
 @pytest.mark.slow
@@ -106,7 +106,7 @@ def test_a_failing_job_does_not_stop_the_sweep(tiny_data, tmp_path, launcher):
     summary = [line for line in result.stdout.splitlines() if line.startswith(f"sweep {sweep_dir}:")]
     assert len(summary) == 1, output[-3000:]
     assert "2 of 3 jobs done, 1 failed (#1 failed: the loss is" in summary[0]
-    assert "sweep_report.py" in summary[0]
+    assert "python -m hydralight.report" in summary[0]
     assert all((sweep_dir / str(i) / "results.json").is_file() for i in (0, 2))
     manifest = json.loads((sweep_dir / "1" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "the loss is" in manifest["error"]

@@ -149,7 +149,7 @@ def _parses_back(key: str, text: str, value: Any) -> bool:
 
 def reproduce_command(overrides: list[str], seeds: list[int] | None = None) -> str:
     """The single run a trial was, its overrides without the search preset; a trial of several seeds: the
-    sweep over them (which sweep_report.py reports as one row)."""
+    sweep over them (which hydralight.report reports as one row)."""
     from hydralight.config.compose import SEARCH_GROUP
 
     kept = [o for o in overrides if _key(o) != SEARCH_GROUP]

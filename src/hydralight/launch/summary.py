@@ -36,7 +36,7 @@ def search_line(sweep_dir: Path) -> tuple[str, bool] | None:
         shown = " ".join(override_text(k, v) for k, v in best["params"].items())
         line += f"; best {metric}={best['value']:.6g} (trial {best['number']}): {shown}"
     best_file = SweepDir(sweep_dir).best
-    line += f"; details: {f'{best_file}, ' if best_file.is_file() else ''}python scripts/sweep_report.py {sweep_dir}"
+    line += f"; details: {f'{best_file}, ' if best_file.is_file() else ''}python -m hydralight.report {sweep_dir}"
     return line, bool(done)
 
 

@@ -114,7 +114,7 @@ def sweep_line(sweep_dir: Path) -> tuple[str, bool]:
         line += f", {len(failed)} failed ({reasons})"
     if other:
         line += f", {len(other)} did not finish ({', '.join(f'#{j.name} {j.status}' for j in other)})"
-    line += f"; details: python scripts/sweep_report.py {sweep_dir}"
+    line += f"; details: python -m hydralight.report {sweep_dir}"
     return line, len(done) == len(jobs)
 
 

@@ -1,5 +1,8 @@
-"""`python scripts/sweep_report.py MULTIRUN_DIR [--out DIR] [--group-over KEYS]`: table and plots of a finished (or
-running) sweep; jobs that differ only in the grouped keys (seed by default) are one row: mean, std, min, max, n."""
+"""`python -m hydralight.report MULTIRUN_DIR [--out DIR] [--group-over KEYS]` (or `hydralight-report ...`): table
+and plots of a finished (or running) sweep; jobs that differ only in the grouped keys (seed by default) are one row:
+mean, std, min, max, n."""
+
+from __future__ import annotations
 
 import argparse
 import sys
@@ -15,8 +18,8 @@ def group_keys(text: str) -> list[str]:
     return [] if keys in ([], ["none"]) else keys
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hydralight-report", description=__doc__)
     parser.add_argument(
         "sweep_dir", type=Path, help="the multirun dir of a sweep, e.g. multirun/2026-01-31/12-00-00-000000"
     )
@@ -29,7 +32,7 @@ def main() -> int:
         help="override keys whose runs are one setting, comma-separated (default: seed, when the sweep varies it; "
         "none: one row per job)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         summary = write_report(args.sweep_dir, args.out, args.group_over)
     except UserError as err:
@@ -42,5 +45,10 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `hydralight-report` command."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()
