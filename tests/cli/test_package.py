@@ -89,3 +89,12 @@ def test_an_installed_wheel_runs_from_any_folder(tiny_data, tmp_path):
     trained = run("-m", "hydralight.train", *steps)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert json.loads((elsewhere / "outputs" / "five" / "results.json").read_text())["global_step"] == 5
+    # The report of an installed copy: a command of the package, run from any folder, named by the sweep.
+    swept = run("-m", "hydralight.train", "-m", *steps[:-1], "trainer.max_steps=2", "optim.lr=0.01,0.02",
+                "hydra.sweep.dir=multirun/s")  # fmt: skip
+    assert swept.returncode == 0 and "python -m hydralight.report" in swept.stdout + swept.stderr, swept.stderr[-2000:]
+    reported = run("-m", "hydralight.report", "multirun/s")
+    assert reported.returncode == 0 and (elsewhere / "multirun" / "s" / "report.md").is_file(), reported.stderr
+    with zipfile.ZipFile(wheel) as archive:
+        entry_points = next(n for n in archive.namelist() if n.endswith("entry_points.txt"))
+        assert "hydralight-report = hydralight.report:cli" in archive.read(entry_points).decode()
