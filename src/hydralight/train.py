@@ -51,7 +51,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     from hydralight.rundir.layout import RunDir
     from hydralight.rundir.record import RunRecord
     from hydralight.training import machine as this_machine
-    from hydralight.training.console import quiet_framework, show_start, testing
+    from hydralight.training.console import quiet_framework, say, show_start, testing
     from hydralight.training.invariance import make_invariant
     from hydralight.training.loggers import build_loggers, wandb_scope
     from hydralight.training.modules import tests
@@ -68,7 +68,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
 
     quiet_framework()  # the console shows the plan, the run dir, progress and the result
     if (earlier := plan.resume.finished) is not None:  # the same command again: nothing to do
-        print(f"already finished: {result_line(earlier, plan.paths.run_dir)}", flush=True)
+        say(f"already finished: {result_line(earlier, plan.paths.run_dir)}")
         return earlier["objective"]["value"]
 
     # 1. Check the plan against this machine; build what writes nothing: data, module, the resume decision.
@@ -116,7 +116,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
             results = prediction_results(writer[0].written, plan.resume.ckpt_path)
             record.finish(results)
             if trainer.is_global_zero:
-                print(prediction_line(results), flush=True)
+                say(prediction_line(results))
             return None
 
         # 3. Fit, continuing the run's checkpoint.
@@ -137,7 +137,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
         )  # fmt: skip
         record.finish(results)
         if trainer.is_global_zero:
-            print(result_line(results, plan.paths.run_dir), flush=True)
+            say(result_line(results, plan.paths.run_dir))
         return results["objective"]["value"]
 
 

@@ -219,3 +219,12 @@ def test_wandb_logger_runs_offline_without_a_key(tiny_data, tmp_path):
 def test_classic_loader_trains(tiny_data, tmp_path):
     result = run_cli([*TINY, "data.loader=torchvision"], tmp_path / "run", tiny_data)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_run_dir_log_holds_what_the_console_showed(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    result = run_cli([*TINY, "trainer.max_steps=3"], run, tiny_data)
+    assert result.returncode == 0, result.stderr[-2000:]
+    shown = [line for line in result.stdout.splitlines() if line.startswith(("plan:", "run dir:", "epoch ", "test/"))]
+    logged = (run / "train.log").read_text()
+    assert len(shown) >= 4 and all(f"[INFO] - {line}" in logged for line in shown), (shown, logged)

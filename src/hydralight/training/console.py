@@ -21,6 +21,19 @@ if TYPE_CHECKING:
 
     from hydralight.config.plan import RunPlan
 
+_console = logging.getLogger("hydralight.console")
+
+
+def say(text: str) -> None:
+    """One line of the run for its reader: through logging, so that the run dir's log file holds what the
+    console showed (the job's logging prints the message alone and files it with its time); printed as it is
+    where logging is not set up (a process no Hydra job configured, such as a ddp_spawn rank)."""
+    if logging.getLogger().handlers and _console.isEnabledFor(logging.INFO):
+        _console.info(text)
+    else:
+        print(text, flush=True)
+
+
 # Start of each message left out; the plan line says what runs where, the progress lines say where it stopped.
 BANNERS = (
     "GPU available:",
@@ -125,7 +138,7 @@ def plan_line(plan: RunPlan, model: nn.Module) -> str:
 
 def show_start(plan: RunPlan, model: nn.Module) -> None:
     """The first lines of a run: its plan and its run dir."""
-    print(plan_line(plan, model), flush=True)
+    say(plan_line(plan, model))
     for line in replaced_by_plan(plan.data.spec, plan.data.offered):
-        print(f"note: {line}", flush=True)
-    print(f"run dir: {plan.paths.run_dir}", flush=True)
+        say(f"note: {line}")
+    say(f"run dir: {plan.paths.run_dir}")

@@ -10,6 +10,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ProgressBar, RichProgressBar
 
 from hydralight.lightning_internals import epoch_complete, micro_batches_done
+from hydralight.training.console import say
 
 
 class LineProgress(ProgressBar):
@@ -35,7 +36,7 @@ class LineProgress(ProgressBar):
 
     def _print(self, trainer: pl.Trainer, text: str) -> None:
         if self._enabled and trainer.is_global_zero:
-            print(text.rstrip(), flush=True)
+            say(text.rstrip())
 
     def _metrics(self, trainer: pl.Trainer) -> str:
         return " ".join(
