@@ -37,10 +37,12 @@ COMMAND_LINE_SECRET = "s3cr3t-value-123"
 NESTED_SECRET = "hf-nested-token-777"
 SWEPT_SECRETS = ("swept-first-4411", "swept-second-5522")
 ENV_SECRET = "env-service-token-909"
+DICT_SECRET = "dict-valued-key-4242"  # inside a dict value, under a key that names no secret itself
 SECRET_ARGS = [
     f"+my_api_key={COMMAND_LINE_SECRET}",
     f"+creds.HF_TOKEN={NESTED_SECRET}",
     "+extra.service=${oc.env:MY_SERVICE_TOKEN}",
+    f"+auth={{api_key: {DICT_SECRET}, user: me}}",
 ]
 STEPS = [*TINY, "trainer.max_steps=2", "logger=csv"]
 
@@ -59,7 +61,7 @@ def test_a_sweep_writes_no_secret_into_any_file(tiny_data, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
     assert (sweep / "0" / "csv" / "metrics.csv").is_file() and list(sweep.glob("*/train.log"))
-    secrets = [COMMAND_LINE_SECRET, NESTED_SECRET, ENV_SECRET, *SWEPT_SECRETS]
+    secrets = [COMMAND_LINE_SECRET, NESTED_SECRET, ENV_SECRET, DICT_SECRET, *SWEPT_SECRETS]
     assert files_holding_secrets(sweep, secrets) == []
     # The records still say which keys were given, and each job's own swept value is gone too.
     assert "my_api_key=<redacted>" in (sweep / "multirun.yaml").read_text()
@@ -71,5 +73,14 @@ def test_a_single_run_writes_no_secret_into_any_file(tiny_data, tmp_path):
     result = run_cli([*STEPS, *SECRET_ARGS], run, tiny_data, MY_SERVICE_TOKEN=ENV_SECRET)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (run / "results.json").is_file() and (run / "train.log").is_file()
-    assert files_holding_secrets(run, [COMMAND_LINE_SECRET, NESTED_SECRET, ENV_SECRET]) == []
+    assert files_holding_secrets(run, [COMMAND_LINE_SECRET, NESTED_SECRET, ENV_SECRET, DICT_SECRET]) == []
+    assert "user: me" in (run / "config.yaml").read_text()  # only the secret is hidden
     assert "HF_TOKEN=<redacted>" in (run / ".hydra" / "overrides.yaml").read_text()
+
+
+def test_a_value_under_a_secret_name_is_hidden_at_any_depth():
+    from hydralight.rundir.redaction import redact
+
+    config = {"auth": {"api_key": "k-1234", "user": "me", "token": None}, "list": [{"password": 1234}], "seed": 1}
+    assert redact(config, []) == {"auth": {"api_key": "<redacted>", "user": "me", "token": None},
+                                  "list": [{"password": "<redacted>"}], "seed": 1}  # fmt: skip

@@ -23,21 +23,41 @@ def _is_secret_name(name: str) -> bool:
 
 def _override_secrets(overrides: Iterable[str]) -> Iterator[str]:
     """The values that overrides with a secret's name set: as written, unquoted, and each value of a sweep
-    (`+api_key=a,b` gives its jobs `a` and `b`)."""
+    (`+api_key=a,b` gives its jobs `a` and `b`); and the secrets inside a dict or list value, at any depth
+    (`+auth='{api_key: X}'` gives `X`)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = None
     for arg in overrides:
         key, sep, value = arg.partition("=")
-        if not sep or arg.startswith("-") or not _is_secret_name(key.rsplit(".", 1)[-1].lstrip("+~")):
+        if not sep or arg.startswith("-"):
             continue
-        yield value
-        yield value.strip("'\"")
+        secret = _is_secret_name(key.rsplit(".", 1)[-1].lstrip("+~"))
+        if secret:
+            yield value
+            yield value.strip("'\"")
+        elif not any(c in value for c in "{["):
+            continue
         parser = parser or OverridesParser.create()
         with contextlib.suppress(Exception):  # a value Hydra cannot read: Hydra refuses the run itself
             (override,) = parser.parse_overrides([arg])
             if override.is_sweep_override():
-                yield from override.sweep_string_iterator()
+                if secret:
+                    yield from override.sweep_string_iterator()
+                continue
+            yield from _nested_secrets(override.value(), secret)
+
+
+def _nested_secrets(value: Any, secret: bool) -> Iterator[str]:
+    """The scalar values under a secret's name inside a dict or list (all of them under a secret name)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _nested_secrets(v, secret or _is_secret_name(str(k)))
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _nested_secrets(v, secret)
+    elif secret and isinstance(value, str | int | float) and not isinstance(value, bool):
+        yield str(value)
 
 
 def _job_overrides() -> list[str]:
@@ -78,11 +98,16 @@ def redact(value: Any, secrets: list[str] | None = None) -> Any:
         for secret in secrets:
             value = value.replace(secret, REDACTED)
         return value
-    if isinstance(value, dict):
-        return {k: redact(v, secrets) for k, v in value.items()}
+    if isinstance(value, dict):  # a value under a secret's name is one, whatever this process was told
+        return {k: REDACTED if _is_secret_name(str(k)) and _filled(v) else redact(v, secrets) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v, secrets) for v in value]
     return value
+
+
+def _filled(value: Any) -> bool:
+    """A secret's value worth hiding: a non-empty scalar (null, a missing value or a nested config is not)."""
+    return isinstance(value, str | int | float) and not isinstance(value, bool) and value not in ("", "???")
 
 
 def redact_file(path: Path, secrets: list[str] | None = None) -> None:
