@@ -51,7 +51,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     from hydralight.rundir.layout import RunDir
     from hydralight.rundir.record import RunRecord
     from hydralight.training import machine as this_machine
-    from hydralight.training.console import quiet_framework, say, show_start, testing
+    from hydralight.training.console import apply_extras, quiet_framework, say, show_start, testing
     from hydralight.training.invariance import make_invariant
     from hydralight.training.loggers import build_loggers, wandb_scope
     from hydralight.training.modules import tests
@@ -67,6 +67,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     from hydralight.training.trainer import build_callbacks, build_trainer, lightning_refusals
 
     quiet_framework()  # the console shows the plan, the run dir, progress and the result
+    apply_extras(plan.config)
     if (earlier := plan.resume.finished) is not None:  # the same command again: nothing to do
         say(f"already finished: {result_line(earlier, plan.paths.run_dir)}")
         return earlier["objective"]["value"]
@@ -228,7 +229,11 @@ def main(cfg: DictConfig) -> float | None:
 
 def cli() -> None:
     """`python train.py`: read the command line once, compose and check every job's config, lock a named
-    run dir, then let Hydra run."""
+    run dir, then let Hydra run. A `.env` file in the folder it starts from sets the variables the shell
+    does not (DATA_DIR, WANDB_API_KEY, ...)."""
+    from dotenv import load_dotenv
+
+    load_dotenv(Path.cwd() / ".env", override=False)
     exit_on_user_error(_start)(Invocation(tuple(sys.argv[1:])))
 
 

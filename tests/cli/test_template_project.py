@@ -36,3 +36,48 @@ def test_the_template_s_paths_keys_resolve(tmp_path):
     assert cfg.paths.data_dir == "/datasets" and cfg.data.data_dir == "/datasets"
     assert cfg.paths.log_dir == cfg.paths.output_dir == str(tmp_path)
     assert cfg.paths.work_dir == cfg.paths.root_dir
+
+
+@pytest.mark.slow
+def test_a_template_experiment_with_tags_task_name_and_extras_runs(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    (tmp_path / "work").mkdir()
+    result = run_cli(["experiment=digits", "hardware=cpu", "trainer.max_steps=3"], run, tiny_data, cwd=PROJECT,
+                     PYTHONPATH=str(PROJECT))  # fmt: skip
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["tags"] == ["digits", "dense"] and manifest["status"] == "finished"
+    assert "config:\n" in result.stdout and "task_name: train" in result.stdout  # extras.print_config
+    refused = run_cli(["experiment=digits", "hardware=cpu", "tags=[]", "extras.enforce_tags=true"], tmp_path / "r",
+                      tiny_data, cwd=PROJECT, PYTHONPATH=str(PROJECT))  # fmt: skip
+    assert "extras.enforce_tags=true and the run has no tags" in refused.stderr and refused.returncode == 2
+
+
+@pytest.mark.slow
+def test_glob_sweeps_over_the_options_of_the_project_s_own_conf(tiny_data, tmp_path):
+    sweep = tmp_path / "sweep"
+    result = run_cli(["-m", "experiment=glob(digits*)", "hardware=cpu", "plan=true", f"hydra.sweep.dir={sweep}"],
+                     tmp_path, tiny_data, cwd=PROJECT, PYTHONPATH=str(PROJECT))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Launching 2 jobs" in result.stdout + result.stderr
+    assert "experiment=digits_wide" in result.stdout + result.stderr
+    nothing = run_cli(["-m", "experiment=glob(none_such*)", "hardware=cpu", f"hydra.sweep.dir={sweep}2"], tmp_path,
+                      tiny_data, cwd=PROJECT, PYTHONPATH=str(PROJECT))  # fmt: skip
+    assert nothing.returncode == 2 and "the sweep has no jobs: experiment=glob(none_such*) matches no option" in (
+        nothing.stderr
+    )
+
+
+@pytest.mark.slow
+def test_the_template_s_habits_many_loggers_debug_presets_and_a_dotenv_file(tiny_data, tmp_path):
+    (tmp_path / ".env").write_text(f"# the folder's own settings\nDATA_DIR={tiny_data}\nWANDB_MODE=offline\n")
+    base = ["model=mlp", "data.val_size=100", "batch.global_size=32", "hardware=cpu"]
+    run = tmp_path / "loggers"
+    result = run_cli([*base, "logger=many_loggers", "trainer.max_steps=2"], run, cwd=tmp_path)  # DATA_DIR from .env
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run / "tensorboard").is_dir() and list((run / "wandb").glob("offline-run-*"))
+    assert (run / "csv" / "metrics.csv").is_file()
+    limited = tmp_path / "limit"
+    result = run_cli([*base, "debug=limit"], limited, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((limited / "results.json").read_text())["global_step"] == 15  # 3 epochs of 5 batches

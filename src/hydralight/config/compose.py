@@ -234,8 +234,6 @@ def compose_jobs(
     choice is a UserError naming the key, the value and what is allowed. `hydra_modes` receives the
     `hydra.mode` each job's config sets (None: the command line decides)."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from hydralight.config.schema import explain
 
@@ -252,22 +250,10 @@ def compose_jobs(
     searched = [a for a in overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
     if searched and not invocation.multirun and not invocation.print_only:
         raise UserError(f"{searched[0]} runs many trials: add -m (python train.py -m {searched[0]} ...)")
-    if invocation.multirun:
-        try:
-            parsed = OverridesParser.create().parse_overrides(overrides)
-        except Exception as err:
-            raise UserError(f"cannot read the sweep: {explain(err, overrides)}") from None
-        basic = not any(
-            a.startswith(("hydra/sweeper=", f"{SEARCH_GROUP}=")) and a != "hydra/sweeper=basic" for a in invocation.argv
-        )
-        try:
-            if not basic:
-                raise ValueError("another sweeper draws its own values")
-            jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-        except Exception:  # glob() over groups, another sweeper: check the config the sweep starts from
-            jobs = [[o.input_line for o in parsed if o.input_line is not None and not o.is_sweep_override()]]
     configs = []
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        if invocation.multirun:
+            jobs = _sweep_jobs(invocation, overrides)
         for number, job in enumerate(jobs):
             prefix = f"sweep job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
             try:
@@ -292,6 +278,35 @@ def compose_jobs(
                 )
             configs.append(cfg)
     return configs
+
+
+def _sweep_jobs(invocation: Invocation, overrides: list[str]) -> list[list[str]]:
+    """The overrides of every job of a basic sweep, `glob(...)` over a group's options expanded as Hydra will (the
+    shipped ones and ./conf's); for another sweeper (it draws its own values), the config the sweep starts from."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hydralight.config.schema import explain
+
+    try:
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        parsed = parser.parse_overrides(overrides)
+    except Exception as err:
+        raise UserError(f"cannot read the sweep: {explain(err, overrides)}") from None
+    basic = not any(
+        a.startswith(("hydra/sweeper=", f"{SEARCH_GROUP}=")) and a != "hydra/sweeper=basic" for a in invocation.argv
+    )
+    if basic:
+        try:
+            jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        except Exception as err:  # a glob() over a key that is no config group, say
+            raise UserError(f"cannot read the sweep: {explain(err, overrides)}") from None
+        if not jobs:
+            swept = " ".join(o.input_line for o in parsed if o.is_sweep_override() and o.input_line)
+            raise UserError(f"the sweep has no jobs: {swept} matches no option; `python train.py --help` lists them")
+        return jobs
+    return [[o.input_line for o in parsed if o.input_line is not None and not o.is_sweep_override()]]
 
 
 @contextlib.contextmanager

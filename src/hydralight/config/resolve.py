@@ -127,6 +127,8 @@ def _check_starting_points(c: DictConfig) -> None:
 
 def _check_top_level(c: DictConfig) -> None:
     check_objective(str(c.objective.metric))
+    if c.extras.enforce_tags and not c.tags:
+        raise UserError("extras.enforce_tags=true and the run has no tags: give it some, e.g. 'tags=[mnist,baseline]'")
     seed = c.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise UserError(f"seed={seed} must be an integer from 0 to 2**32-1; use e.g. seed=42")

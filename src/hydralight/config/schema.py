@@ -229,6 +229,15 @@ class ObjectiveConf:
 
 
 @dataclass
+class ExtrasConf:
+    """Conveniences at the start of a run, as lightning-hydra-template's `extras` names them."""
+
+    ignore_warnings: bool = False  # Python warnings are not shown
+    enforce_tags: bool = False  # a run without `tags` is refused
+    print_config: bool = False  # the composed config is printed before the run starts
+
+
+@dataclass
 class PredictConf:
     """`mode=predict`: what to predict on (null: the test split of the data)."""
 
@@ -243,6 +252,11 @@ class TrainConf:
     init_from: str | None = None
     resume: str = "auto"  # auto, never or a run dir
     plan: bool = False
+    # Labels of the run (the manifest, wandb's run tags) and the name of its task (recorded), as
+    # lightning-hydra-template's experiments set them.
+    tags: list[str] = field(default_factory=list)
+    task_name: str = "train"
+    extras: ExtrasConf = field(default_factory=ExtrasConf)
     objective: ObjectiveConf = field(default_factory=ObjectiveConf)
     predict: PredictConf = field(default_factory=PredictConf)
     hardware: HardwareConf = field(default_factory=HardwareConf)

@@ -245,6 +245,7 @@ class RunRecord:
             self._checkpoints_before = self._checkpoints()
             save_config(run_dir, config, plan)
             self._manifest = Manifest(run_dir, plan, machine, overrides)
+            self._manifest.data["tags"] = list(config.get("tags") or [])
             self._manifest.write()
 
     @property

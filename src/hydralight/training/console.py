@@ -24,6 +24,17 @@ if TYPE_CHECKING:
 _console = logging.getLogger("hydralight.console")
 
 
+def apply_extras(config: dict) -> None:
+    """`extras.*` at the start of a run: hide Python warnings, print the composed config (rank 0)."""
+    extras = config.get("extras") or {}
+    if extras.get("ignore_warnings"):
+        warnings.filterwarnings("ignore")
+    if extras.get("print_config") and os.environ.get("LOCAL_RANK", "0") == "0":
+        import yaml
+
+        say("config:\n" + yaml.safe_dump(config, sort_keys=False).rstrip())
+
+
 def say(text: str) -> None:
     """One line of the run for its reader: through logging, so that the run dir's log file holds what the
     console showed (the job's logging prints the message alone and files it with its time); printed as it is

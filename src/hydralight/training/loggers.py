@@ -272,7 +272,7 @@ def wandb_settings(spec: dict[str, Any], plan: RunPlan, mode: str) -> dict[str, 
             "resume": "allow",
             "group": spec.get("group") or (Path(paths.sweep_dir).name if paths.sweep_dir else None),
             "name": spec.get("name") or paths.job_name or run_dir.name,
-            "tags": [*spec.get("tags", []), *tags],
+            "tags": list(dict.fromkeys([*spec.get("tags", []), *(plan.config.get("tags") or []), *tags])),
             "settings": {**deadlines, **(spec.get("settings") or {})},
             "_convert_": "all",  # wandb.init takes its settings as a plain dict, not Hydra's DictConfig
         }
