@@ -220,7 +220,7 @@ def main(cfg: DictConfig) -> float | None:
             from hydra.core.hydra_config import HydraConfig
 
             print(f"error: job {HydraConfig.get().job.num} ({run_dir}): {err}", file=sys.stderr, flush=True)
-            if is_rank_zero():
+            if claim is not None:  # a job dir of the user's (refused as such) gets no record of ours
                 from hydralight.rundir.layout import RunDir
 
                 record_failure(RunDir(run_dir), str(err), job.overrides)
