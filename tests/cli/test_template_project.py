@@ -81,3 +81,21 @@ def test_the_template_s_habits_many_loggers_debug_presets_and_a_dotenv_file(tiny
     result = run_cli([*base, "debug=limit"], limited, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((limited / "results.json").read_text())["global_step"] == 15  # 3 epochs of 5 batches
+
+
+@pytest.mark.slow
+def test_a_template_module_trains_on_the_built_in_data_and_its_checkpoint_is_evaluated_without_model(
+    tiny_data, tmp_path
+):
+    """The template's module unpacks `x, y = batch`: the built-in data gives it (x, y), its sample ids only to a
+    module that takes them; its checkpoint is tested as README says, with no model= option."""
+    run = tmp_path / "run"
+    args = ["model=tpl_mnist", "hardware=cpu", "data.val_size=100", "batch.global_size=32", "trainer.max_steps=4"]
+    trained = run_cli(args, run, tiny_data, cwd=PROJECT, PYTHONPATH=str(PROJECT))
+    assert trained.returncode == 0, (trained.stdout[-2000:], trained.stderr[-3000:])
+    tested = json.loads((run / "results.json").read_text())["test"]["test/acc"]
+    evaluated = run_cli(["mode=eval", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "hardware=cpu",
+                         "data.val_size=100"], tmp_path / "eval", tiny_data, cwd=PROJECT, PYTHONPATH=str(PROJECT))  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    again = json.loads((tmp_path / "eval" / "results.json").read_text())["test"]["test/acc"]
+    assert isinstance(again, float) and 0 <= again <= 1 and isinstance(tested, float)

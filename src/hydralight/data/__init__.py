@@ -10,7 +10,8 @@ A data module (a `LightningDataModule` named by `data._target_`) provides, on an
 - train, val and test loaders; batches of any structure the module takes (the built-in classifier:
   `(x, y)` or `(x, y, ids)`); when the class says `sample_ids = True`, the last element of a tuple batch
   (or the `ids` entry of a dict batch) holds the sample ids that key per-sample randomness (dropout,
-  augmentation);
+  augmentation); the built-in modules give them only to a LightningModule that says
+  `takes_sample_ids = True` (the built-in classifier), and `(x, y)` to any other;
 - `shards_by_rank: bool`: True when its loaders give each rank its own share of every batch
   themselves (the project's GlobalBatchSampler/ShardSampler: the same batches on any number of
   processes, exact mid-epoch resume); Lightning's DistributedSampler then stays off. False (or

@@ -24,7 +24,8 @@ class ImageDataModule(pl.LightningDataModule):
 
     `loader="tensor"` keeps each split as one uint8 tensor (on the GPU when training there) and
     normalizes on the device; `loader="torchvision"` is the classic per-sample Dataset + DataLoader with
-    workers. Batches are (x, y, ids); `max_shift` > 0 translates training images by up to that many
+    workers. Batches are (x, y, ids) for a module that says `takes_sample_ids = True` (the built-in classifier),
+    (x, y) for any other; `max_shift` > 0 translates training images by up to that many
     pixels, drawn per sample and epoch (the same on any number of processes).
 
     Subclasses provide `num_classes`, `input_shape`, `mean`, `std`, `train_size()` and either
@@ -263,4 +264,7 @@ class ImageDataModule(pl.LightningDataModule):
             fills = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
             shifted = [keyed_shift(x[:, c : c + 1], keys, self.max_shift, fill=f) for c, f in enumerate(fills)]
             x = shifted[0] if len(shifted) == 1 else torch.cat(shifted, dim=1)
+        module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+        if module is not None and not getattr(module, "takes_sample_ids", False):
+            return x, y  # a module written for (x, y) batches (lightning-hydra-template's unpacks two)
         return x, y, ids

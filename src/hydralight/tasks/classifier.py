@@ -38,6 +38,9 @@ class Classifier(pl.LightningModule):
     out of checkpoints, which load anywhere.
     """
 
+    # Its batches carry their sample ids (the built-in data modules' third element): they key its dropout.
+    takes_sample_ids = True
+
     def __init__(
         self,
         net: dict[str, Any] | nn.Module,
