@@ -253,3 +253,26 @@ def test_a_failing_job_does_not_stop_a_slurm_sweep(cluster, tiny_data, tmp_path)
     assert f"sweep {tmp_path / 'sweep'}: 1 of 2 jobs done, 1 failed (#0 failed: the loss is" in output
     assert (tmp_path / "sweep" / "1" / "results.json").is_file()
     assert set(json.loads((tmp_path / "sweep" / "jobs.json").read_text())) == {"0", "1"}
+
+
+def test_a_job_killed_on_its_node_is_failed_in_its_manifest_and_the_sweep_says_where_jobs_stand(
+    cluster, tiny_data, tmp_path
+):
+    """scancel of a running job: its own process cannot record that it ended, the sweep does; while it waits the
+    sweep says each job's state as it changes, with the step it reached."""
+    slow = ["+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.3"]
+    proc = sweep([*TINY, "trainer.limit_train_batches=null", *slow, "seed=1,2"], tmp_path / "sweep", tiny_data,
+                 wait=False)  # fmt: skip
+    killed = tmp_path / "sweep" / "0"
+    deadline = time.monotonic() + 120
+    while not (killed / "csv" / "metrics.csv").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "job never started"
+        time.sleep(0.5)
+    job_id = json.loads((tmp_path / "sweep" / "jobs.json").read_text())["0"]["job_id"]
+    subprocess.run(["scancel", str(job_id)], check=True)
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 1, output[-3000:]
+    manifest = json.loads((killed / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and f"slurm job {job_id} ended" in manifest["error"], manifest
+    assert re.search(rf"#0 \({job_id}\): RUNNING", output) and re.search(r"#1 \(\d+(_\d+)?\): COMPLETED", output)
+    assert f"sweep {tmp_path / 'sweep'}: 1 of 2 jobs done, 1 failed" in output

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,14 +25,18 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, LocalQue
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydralight.errors import UserError, exit_on_user_error
+from hydralight.rundir.layout import RunDir
 from hydralight.rundir.outcome import record_submitted
-from hydralight.rundir.record import discard_unused_run_dir
+from hydralight.rundir.record import discard_unused_run_dir, now, read_json, write_json
 from hydralight.rundir.redaction import redact, redact_sweep_record
 
 log = logging.getLogger(__name__)
 
 # Launcher keys that the plan decides; set through the hardware group instead.
 RESOURCE_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "mem_gb")
+# How often a waiting sweep looks at its jobs, and says where they stand when none changed state.
+POLL_S = 2.0
+HEARTBEAT_S = 30.0
 # Logging for ranks > 0: warnings to stderr, nothing into the job's log file.
 QUIET_LOGGING = {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING", "handlers": []}}
 
@@ -50,6 +55,31 @@ class HydralightSlurmConf(SlurmQueueConf):
 class HydralightLocalConf(LocalQueueConf):
     _target_: str = "hydra_plugins.hydralight_launchers.PlannedLocalLauncher"
     dry_run: bool = False
+
+
+def _reached(job_dir: Path) -> str:
+    """`, at step N` of a job whose history has rows (its metrics.csv, read from the end), else nothing."""
+    history = RunDir(job_dir).history
+    try:
+        with history.open("rb") as f:
+            f.seek(max(0, history.stat().st_size - 4096))
+            lines = f.read().decode(errors="replace").splitlines()
+            f.seek(0)
+            header = f.readline().decode(errors="replace").strip().split(",")
+    except OSError:
+        return ""
+    if "step" not in header or len(lines) < 2:
+        return ""
+    last = lines[-1].split(",")
+    step = last[header.index("step")] if len(last) == len(header) else ""
+    return f", at step {step}" if step.isdigit() else ""
+
+
+def _mark_ended(run_dir: RunDir, reason: str) -> None:
+    """A job's manifest that still says running once its job is gone: failed, with why."""
+    manifest = read_json(run_dir.manifest)
+    if manifest is not None and manifest.get("status") == "running":
+        write_json(run_dir.manifest, {**manifest, "status": "failed", "error": reason, "finished_at": now()})
 
 
 def job_resources(cfg: DictConfig, executor: str) -> dict[str, Any]:
@@ -189,18 +219,46 @@ class PlannedLauncherMixin:
                 )
         self._record_jobs(sweep_dir, arguments, jobs)
         log.info(f"Waiting for {len(jobs)} job(s); job logs in {folder.replace('%j', '<job id>')}")
-        results = []
-        for i, job in enumerate(jobs):
-            try:
-                results.append(job.results()[0])
-            except Exception as err:  # killed, cancelled, out of time, crashed: the others still count
-                reason = (str(err).strip().splitlines() or [type(err).__name__])[-1]
-                log.error(
-                    f"#{initial_job_idx + i}: {self._EXECUTOR} job {job.job_id} ended {job.state}: {reason[:300]}"
-                )
-            finally:
-                self._forget_pickles(job)
-        return results
+        return self._wait(jobs, sweep_dir, initial_job_idx)
+
+    def _wait(self, jobs: list[Any], sweep_dir: Path, first: int) -> list[JobReturn]:
+        """Each job's result as it ends, in any order, saying each change of a job's state on its own line
+        (with the step it reached), and every `HEARTBEAT_S` where the jobs stand: a sweep never waits in
+        silence. A job that ended without a result (killed, cancelled, out of time) is marked so in its
+        manifest, which its own process could not do."""
+        results: dict[int, JobReturn] = {}
+        states: dict[int, str] = {}
+        pending = set(range(len(jobs)))
+        last_said = time.monotonic()
+        while pending:
+            for i in sorted(pending):
+                job, name = jobs[i], f"#{first + i}"
+                state = str(job.state)
+                if state != states.get(i):
+                    states[i] = state
+                    log.info(f"{name} ({job.job_id}): {state}{_reached(sweep_dir / str(first + i))}")
+                    last_said = time.monotonic()
+                if not job.done():
+                    continue
+                pending.discard(i)
+                try:
+                    results[i] = job.results()[0]
+                except Exception as err:  # killed, cancelled, out of time, crashed: the others still count
+                    reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
+                    log.error(f"{name}: {self._EXECUTOR} job {job.job_id} ended {job.state}: {reason}")
+                    _mark_ended(
+                        RunDir(sweep_dir / str(first + i)),
+                        f"{self._EXECUTOR} job {job.job_id} ended {job.state}: {reason}",
+                    )
+                finally:
+                    self._forget_pickles(job)
+            if pending and time.monotonic() - last_said >= HEARTBEAT_S:
+                running = ", ".join(f"#{first + i}{_reached(sweep_dir / str(first + i))}" for i in sorted(pending))
+                log.info(f"{len(jobs) - len(pending)} of {len(jobs)} job(s) ended; waiting for {running}")
+                last_said = time.monotonic()
+            if pending:
+                time.sleep(POLL_S)
+        return [results[i] for i in sorted(results)]
 
     @staticmethod
     def _forget_pickles(job: Any) -> None:
