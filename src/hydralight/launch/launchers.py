@@ -11,6 +11,7 @@ What the stock launcher lacks, and this adds:
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections import defaultdict
@@ -55,6 +56,32 @@ class HydralightSlurmConf(SlurmQueueConf):
 class HydralightLocalConf(LocalQueueConf):
     _target_: str = "hydra_plugins.hydralight_launchers.PlannedLocalLauncher"
     dry_run: bool = False
+
+
+def visible_devices() -> list[int]:
+    """The GPUs this process may give its local jobs: those CUDA_VISIBLE_DEVICES names (numbers only), else
+    all the machine has."""
+    from hydralight.training.machine import detect
+
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None and all(part.strip().isdigit() for part in given.split(",") if part.strip()):
+        return [int(part) for part in given.split(",") if part.strip()]
+    return list(range(detect().gpus))
+
+
+def device_assignment(wanted: list[int], devices: list[int]) -> list[list[int]]:
+    """The GPUs of each of several jobs that run side by side, in turn from `devices`: parallel 1-GPU jobs on a
+    4-GPU machine get GPUs 0, 1, 2, 3 (submitit's local executor gives each the first ones, all GPU 0); more
+    jobs than GPUs share them round the ring."""
+    found: list[list[int]] = []
+    start = 0
+    for count in wanted:
+        if not devices or count == 0:
+            found.append([])
+            continue
+        found.append([devices[(start + k) % len(devices)] for k in range(min(count, len(devices)))])
+        start = (start + count) % len(devices)
+    return found
 
 
 def _reached(job_dir: Path) -> str:
@@ -205,7 +232,16 @@ class PlannedLauncherMixin:
             return self._write_scripts(writer, base, groups, sweep_dir, initial_job_idx)
         assert executor is not None  # made for every run but a dry one
         jobs: list[Any] = [None] * len(arguments)
-        for request, indices in groups.items():
+        submissions = list(groups.items())
+        if self._EXECUTOR == "local":  # jobs run side by side here: each its own GPUs, one submission a job
+            wanted = [int(dict(request).get("gpus_per_node") or 0) for request, indices in submissions for _ in indices]
+            devices = iter(device_assignment(wanted, visible_devices()))
+            submissions = [
+                ((*request, ("visible_gpus", tuple(next(devices)))), [i])
+                for request, indices in submissions
+                for i in indices
+            ]
+        for request, indices in submissions:
             executor.update_parameters(**base, **dict(request))
             try:
                 submitted = executor.map_array(self, *zip(*[arguments[i] for i in indices], strict=True))
