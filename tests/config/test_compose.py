@@ -107,3 +107,13 @@ def test_rank_zero_alone_is_no_stale_launch(monkeypatch):
 
     monkeypatch.setenv("RANK", "0")
     check_rank_variables()
+
+
+def test_a_dict_value_for_a_dict_key_says_how_to_write_it():
+    from hydralight.config.compose import compose_jobs
+    from hydralight.train import CONFIG_DIR
+
+    with pytest.raises(UserError, match=re.escape("write '++cluster.sbatch={mail-type: END}'")):
+        compose_jobs(CONFIG_DIR, "train", Invocation(("cluster.sbatch={mail-type: END}",)))
+    (cfg,) = compose_jobs(CONFIG_DIR, "train", Invocation(("++cluster.sbatch={mail-type: END}",)))
+    assert dict(cfg.cluster.sbatch) == {"mail-type": "END"}

@@ -305,6 +305,12 @@ def explain(err: BaseException, overrides: list[str]) -> str:
         return f"{key}={m.group(1)} is not true or false; give {key} true or false"
     if re.search(r"Non optional field cannot be assigned None|field '[\w.]+' is not Optional", text):
         return f"{key}=null is not allowed; give {key} a value"
+    if m := re.search(r"Could not override '([\w.-]+)'\.\s*To append to your config use \+", text):
+        name, value = m.group(1), given.get(m.group(1), "{...}")
+        return (
+            f"{name}={value} adds keys to {name}, which an override can only replace: write "
+            f"'++{name}={value}' (or +{name}.KEY=VALUE for one key)"
+        )
     if m := re.search(r"Key '(\w+)' not in '(\w+)'|Key '(\w+)' is not in struct", text):
         name = key or m.group(1) or m.group(3)
         return (
