@@ -17,7 +17,8 @@ def measured(run):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [["strategy=auto"], ["hardware.devices=2", "strategy=ddp"],
-                                       ["hardware.devices=2", "strategy=ddp_spawn"]], ids=["1", "ddp", "ddp_spawn"])  # fmt: skip
+                                       ["hardware.devices=2", "strategy=ddp_spawn"],
+                                       ["hardware.devices=2", "strategy=fsdp"]], ids=["1", "ddp", "ddp_spawn", "fsdp"])  # fmt: skip
 def test_the_template_data_module_trains_on_the_planned_global_batch(processes, tiny_data, tmp_path):
     run = tmp_path / "run"
     done = run_cli([*ARGS, *processes, "trainer.max_steps=6"], run, tiny_data, cwd=TEMPLATE, PYTHONPATH=str(TEMPLATE))

@@ -270,7 +270,7 @@ class PlannedLauncherMixin:
             for i in sorted(pending):
                 job, name = jobs[i], f"#{first + i}"
                 state = str(job.state)
-                if state != states.get(i):
+                if state != states.get(i) and state != "UNKNOWN":  # UNKNOWN: the scheduler has not said yet
                     states[i] = state
                     log.info(f"{name} ({job.job_id}): {state}{_reached(sweep_dir / str(first + i))}")
                     last_said = time.monotonic()
