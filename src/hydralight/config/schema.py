@@ -305,8 +305,9 @@ def explain(err: BaseException, overrides: list[str]) -> str:
         return f"{key}={m.group(1)} is not true or false; give {key} true or false"
     if re.search(r"Non optional field cannot be assigned None|field '[\w.]+' is not Optional", text):
         return f"{key}=null is not allowed; give {key} a value"
-    if m := re.search(r"Could not override '([\w.-]+)'\.\s*To append to your config use \+", text):
-        name, value = m.group(1), given.get(m.group(1), "{...}")
+    m = re.search(r"Could not override '([\w.-]+)'\.\s*To append to your config use \+", text)
+    if m and given.get(m.group(1), "").lstrip().startswith("{"):  # a dict given to a dict key (not a typo)
+        name, value = m.group(1), given[m.group(1)]
         return (
             f"{name}={value} adds keys to {name}, which an override can only replace: write "
             f"'++{name}={value}' (or +{name}.KEY=VALUE for one key)"

@@ -237,7 +237,7 @@ class PlannedLauncherMixin:
             wanted = [int(dict(request).get("gpus_per_node") or 0) for request, indices in submissions for _ in indices]
             devices = iter(device_assignment(wanted, visible_devices()))
             submissions = [
-                ((*request, ("visible_gpus", tuple(next(devices)))), [i])
+                ((*request, ("local_visible_gpus", tuple(next(devices)))), [i])
                 for request, indices in submissions
                 for i in indices
             ]
