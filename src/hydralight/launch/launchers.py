@@ -232,17 +232,19 @@ class PlannedLauncherMixin:
             return self._write_scripts(writer, base, groups, sweep_dir, initial_job_idx)
         assert executor is not None  # made for every run but a dry one
         jobs: list[Any] = [None] * len(arguments)
-        submissions = list(groups.items())
+        submissions: list[tuple[Any, list[int], tuple[int, ...] | None]] = [(r, i, None) for r, i in groups.items()]
         if self._EXECUTOR == "local":  # jobs run side by side here: each its own GPUs, one submission a job
-            wanted = [int(dict(request).get("gpus_per_node") or 0) for request, indices in submissions for _ in indices]
-            devices = iter(device_assignment(wanted, visible_devices()))
-            submissions = [
-                ((*request, ("local_visible_gpus", tuple(next(devices)))), [i])
-                for request, indices in submissions
-                for i in indices
+            wanted = [
+                int(dict(request).get("gpus_per_node") or 0) for request, indices in groups.items() for _ in indices
             ]
-        for request, indices in submissions:
+            devices = iter(device_assignment(wanted, visible_devices()))
+            submissions = [(request, [i], tuple(next(devices))) for request, indices in groups.items() for i in indices]
+        for request, indices, gpus in submissions:
             executor.update_parameters(**base, **dict(request))
+            if gpus:
+                # submitit's local executor takes the GPUs of a job (`visible_gpus`); its AutoExecutor does not
+                # pass that key on.
+                executor._executor.update_parameters(visible_gpus=gpus)
             try:
                 submitted = executor.map_array(self, *zip(*[arguments[i] for i in indices], strict=True))
             except Exception as err:  # sbatch said no: bad partition, resources the cluster does not have
