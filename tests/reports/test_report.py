@@ -282,10 +282,26 @@ def test_search_section_ranks_trials_in_the_studys_direction(tmp_path, direction
     assert "Command: `python train.py trainer.max_epochs=1 optim.lr=" in text
     assert f"Objective: val/acc, {direction}" in text and "Every trial: `trainer.max_epochs=1`" in text
     assert "5 trials: 3 complete, 1 failed, 1 running." in text
-    # Optuna's own plots of the study: history, slices, and for two parameters contour and importances.
-    for name in ("history.png", "slice.png", "contour.png", "importances.png", "curves.png"):
+    # Optuna's own plots of the study: history and slices; contour and importances only from 10 complete trials
+    # (3 here: the report says why they are left out).
+    for name in ("history.png", "slice.png", "curves.png"):
         assert_png(tmp_path / name)
         assert tmp_path / name in summary["files"] and f"]({name})" in text
+    assert not (tmp_path / "contour.png").exists() and not (tmp_path / "importances.png").exists()
+    assert "this search has 3, so they are left out (raise hydra.sweeper.n_trials)" in text
+
+
+def test_contour_and_importances_need_enough_complete_trials():
+    from hydralight.reports.search import MIN_TRIALS_FOR_SURFACE, Search, surface_note
+
+    def search(complete, params=("optim.lr", "batch.global_size")):
+        trials = [{"number": n, "state": "COMPLETE", "value": 0.5, "params": {p: n for p in params}}
+                  for n in range(complete)]  # fmt: skip
+        return Search("val/acc", "max", "s", None, [], {p: {} for p in params}, trials, None)
+
+    assert "this search has 3" in surface_note(search(3))
+    assert surface_note(search(MIN_TRIALS_FOR_SURFACE)) is None
+    assert surface_note(search(3, params=("optim.lr",))) is None  # one parameter: no contour to speak of
 
 
 def test_search_plots_are_optunas_drawn_from_the_study(tmp_path):

@@ -178,9 +178,26 @@ def _plot(draw: Any, study: Any, **kwargs: Any) -> Figure | None:
     return ax.figure
 
 
+# Complete trials a contour or an importance estimate needs before it says more than its noise (Optuna's fANOVA
+# importances fit a random forest to the trials; a contour interpolates between them).
+MIN_TRIALS_FOR_SURFACE = 10
+
+
+def surface_note(search: Search) -> str | None:
+    """Why contour.png and importances.png are not drawn (too few complete trials), or None."""
+    scored = len(search.scored())
+    if len(search.params) < 2 or scored >= MIN_TRIALS_FOR_SURFACE:
+        return None
+    return (
+        f"contour and parameter importances are drawn from {MIN_TRIALS_FOR_SURFACE} complete trials or more; this "
+        f"search has {scored}, so they are left out (raise hydra.sweeper.n_trials)"
+    )
+
+
 def write_search_plots(search: Search, sweep_dir: Path, out_dir: Path) -> list[Path]:
     """Optuna's plots of the study: history.png (objective per trial, best so far), slice.png (objective
-    against each parameter) and, with two parameters or more, contour.png and importances.png."""
+    against each parameter) and, with two parameters or more and enough trials (`surface_note`), contour.png
+    and importances.png."""
     import matplotlib
 
     matplotlib.use("Agg")  # Optuna draws with pyplot; reports run on machines without a display
@@ -192,7 +209,7 @@ def write_search_plots(search: Search, sweep_dir: Path, out_dir: Path) -> list[P
         return []
     named: dict[str, Any] = {"target_name": search.metric}  # the axis says val/acc, not "Objective Value"
     wanted = [("history", optuna_plots.plot_optimization_history, named), ("slice", optuna_plots.plot_slice, named)]
-    if len(search.params) >= 2:
+    if len(search.params) >= 2 and surface_note(search) is None:
         wanted += [("contour", optuna_plots.plot_contour, {"params": search.params[:2], **named}),
                    ("importances", optuna_plots.plot_param_importances, named)]  # fmt: skip
     written = []

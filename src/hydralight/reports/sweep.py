@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from hydralight.errors import UserError
 from hydralight.reports import plots
 from hydralight.reports.scaling import machine_note, scaling_lines, scaling_points, write_scaling_plot
-from hydralight.reports.search import load_search, search_lines, write_search_plots
+from hydralight.reports.search import load_search, search_lines, surface_note, write_search_plots
 from hydralight.rundir.outcome import FAILED, JobOutcome, find_jobs, test_counterpart
 
 if TYPE_CHECKING:
@@ -360,6 +360,8 @@ def write_report(
         found = write_search_plots(search, sweep_dir, out_dir)
         lines += ["", *search_lines(search, {j.name: j.test for j in jobs}, test_counterpart(metric)), ""]
         lines += [f"![{p.stem}]({p.name})" for p in found]
+        if note := surface_note(search):
+            lines += ["", note]
         written += found
     if points := scaling_points(jobs, swept):
         note = machine_note(jobs, points)
