@@ -254,6 +254,8 @@ def compose_jobs(
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         if invocation.multirun:
             jobs = _sweep_jobs(invocation, overrides)
+            if len(jobs) > 1:  # said at once: checking a large sweep's every job takes a while
+                print(f"sweep of {len(jobs)} jobs: checking each job's config first", file=sys.stderr, flush=True)
         for number, job in enumerate(jobs):
             prefix = f"sweep job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
             try:
