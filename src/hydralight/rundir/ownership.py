@@ -21,8 +21,6 @@ from hydralight.rundir.layout import LOCK, LOCK_LEFTOVERS, MANIFEST, MARK
 
 # What Hydra writes into a job's dir before the task runs: its record and its log file.
 _HYDRA_WRITES = (".hydra", "multirun.yaml")
-# A marker larger than this is no marker of ours.
-_MARK_MAX_BYTES = 4096
 
 
 def _entries(path: Path) -> list[str]:
@@ -179,7 +177,6 @@ class Claim:
 def _write_mark(path: Path, made_folder: bool) -> None:
     """Write the marker, never through a link someone left in its place."""
     payload = json.dumps({"by": "hydralight", "made_folder": made_folder}).encode()
-    assert len(payload) < _MARK_MAX_BYTES
     target = path / MARK
     if target.is_symlink():
         raise UserError(f"{target} is a link; this project writes its marker only as a file of its own: remove it")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from hydralight.data.contract import replaced_by_plan
+from hydralight.rundir.launch import is_rank_zero
 
 if TYPE_CHECKING:
     from torch import nn
@@ -29,7 +30,7 @@ def apply_extras(config: dict) -> None:
     extras = config.get("extras") or {}
     if extras.get("ignore_warnings"):
         warnings.filterwarnings("ignore")
-    if extras.get("print_config") and os.environ.get("LOCAL_RANK", "0") == "0":
+    if extras.get("print_config") and is_rank_zero():
         import yaml
 
         say("config:\n" + yaml.safe_dump(config, sort_keys=False).rstrip())
