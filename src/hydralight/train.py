@@ -267,7 +267,9 @@ def _start(invocation: Invocation) -> None:
             return
         # Checked and marked before the lock writes its file or Hydra its record: a folder of the user's is
         # refused with nothing written in it.
-        claim = Claim.take(Path(named).resolve())
+        # The key the user gave: `resume=RUN_DIR` alone runs in RUN_DIR.
+        key = "resume" if invocation.value("hydra.run.dir") is None and invocation.resumed_dir else "hydra.run.dir"
+        claim = Claim.take(Path(named).resolve(), key)
         try:
             with RunDirLock(claim.path):
                 from hydralight.rundir.record import FileSnapshot

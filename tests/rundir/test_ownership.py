@@ -163,3 +163,19 @@ def test_a_link_out_of_a_run_dir_is_refused_before_anything_is_written(tmp_path,
     (run / "checkpoints" / "epoch000.ckpt").write_bytes(b"x")
     (run / "checkpoints" / "last-link.ckpt").symlink_to("epoch000.ckpt")
     assert Claim.take(run).made_folder
+
+
+@pytest.mark.slow
+def test_resume_of_a_folder_of_the_users_names_the_key_given(tiny_data, tmp_path):
+    mine = users_folder(tmp_path)
+    before = snapshot(mine)
+    import os
+    import sys
+
+    from conftest import run_python
+
+    # No hydra.run.dir: resume=DIR alone runs in DIR.
+    command = [sys.executable, str(ROOT / "train.py"), *TINY, f"resume={mine}"]
+    line = one_line(run_python(command, {**os.environ, "DATA_DIR": str(tiny_data)}))
+    assert line.startswith(f"error: resume={mine} already holds files this project did not write"), line
+    assert snapshot(mine) == before
