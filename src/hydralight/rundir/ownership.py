@@ -12,12 +12,12 @@ import contextlib
 import json
 import os
 import shutil
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from hydralight.errors import UserError
 from hydralight.rundir.layout import LOCK, LOCK_LEFTOVERS, MANIFEST, MARK
+from hydralight.rundir.record import read_json
 
 # What Hydra writes into a job's dir before the task runs: its record and its log file.
 _HYDRA_WRITES = (".hydra", "multirun.yaml")
@@ -30,26 +30,8 @@ def _entries(path: Path) -> list[str]:
         return []
 
 
-def _read_small_json(path: Path) -> dict | None:
-    """A small regular file's JSON object, never read through a link; None otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > 1 << 20:
-            return None
-        data = json.loads(os.read(fd, info.st_size + 1).decode())
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    return data if isinstance(data, dict) else None
-
-
 def _mark(path: Path) -> dict | None:
-    data = _read_small_json(path / MARK)
+    data = read_json(path / MARK)
     return data if data is not None and data.get("by") == "hydralight" else None
 
 
@@ -57,7 +39,7 @@ def is_project_dir(path: Path) -> bool:
     """Whether `path` holds the project's marker, or the manifest of a run of an earlier version."""
     if _mark(path) is not None:
         return True
-    manifest = _read_small_json(path / MANIFEST)
+    manifest = read_json(path / MANIFEST)
     return manifest is not None and {"status", "run_dir", "started_at"} <= manifest.keys()
 
 
