@@ -281,6 +281,9 @@ class PlannedLauncherMixin:
                 pending.discard(i)
                 try:
                     results[i] = job.results()[0]
+                    # done() sees the result file before the scheduler's accounting says COMPLETED.
+                    if states.get(i) != "COMPLETED":
+                        log.info(f"{name} ({job.job_id}): COMPLETED{_reached(sweep_dir / str(first + i))}")
                 except Exception as err:  # killed, cancelled, out of time, crashed: the others still count
                     reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
                     log.error(f"{name}: {self._EXECUTOR} job {job.job_id} ended {job.state}: {reason}")
