@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,23 @@ def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fresh_image_folder(tmp_path: Path) -> Path:
     """A generated image folder the test may damage."""
     return make_image_folder(tmp_path / "images", n_train=20, n_test=5)
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 8 MiB tmpfs for a run dir: a real full disk. Needs root; fails in CI where it cannot be made."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if made.returncode:
+        reason = f"cannot mount a tmpfs here (root needed): {made.stderr.strip()}"
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.fixture(scope="session")

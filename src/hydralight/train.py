@@ -62,7 +62,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
         prediction_results,
         prepare_prediction,
     )
-    from hydralight.training.records import Throughput, result_line, run_results
+    from hydralight.training.records import FitEnd, Throughput, result_line, run_results
     from hydralight.training.strategy import build_strategy, job_scope
     from hydralight.training.trainer import build_callbacks, build_trainer, lightning_refusals
 
@@ -99,8 +99,9 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
             show_start(plan, module)
         throughput = Throughput(plan.task.global_size, into=record.extra)  # training samples/s, start-up left out
         writer = [PredictionWriter(run_dir.path)] if predicting else []
+        fit_end = FitEnd(plan.paths.run_dir, is_rank_zero())
         callbacks = build_callbacks(
-            plan, module, record.extra, throughput, resume.callback(sizes, record.extra), *writer
+            plan, module, record.extra, throughput, resume.callback(sizes, record.extra), fit_end, *writer
         )
         loggers = [] if predicting else build_loggers(plan, record.manifest)  # a prediction logs no metrics
         trainer = build_trainer(plan, build_strategy(plan, run_dir.plan), callbacks, loggers, shards_by_rank(data))
@@ -125,7 +126,8 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
             with record.timed("fit_seconds"), _left_as_it_was_if_refused(plan, trainer, record), lightning_refusals():
                 trainer.fit(module, datamodule=data, ckpt_path=resume.ckpt_path, weights_only=True)
         # 4. Test the best checkpoint.
-        best, metrics, tested = resume.to_test(trainer), dict(trainer.callback_metrics), {}
+        metrics = fit_end.metrics(trainer) if plan.resume.mode == "train" else dict(trainer.callback_metrics)
+        best, tested = resume.to_test(trainer), {}
         if tests(module, data):
             with testing():
                 trainer.test(module, datamodule=data, ckpt_path=best, verbose=False, weights_only=True)
@@ -133,8 +135,8 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
 
         # 5. Record: results.json, the manifest, one line.
         results = run_results(
-            trainer, metrics, tested, best, plan.objective, plan.task.global_size, throughput.start_step,
-            record.extra.get("fit_seconds"),
+            trainer, metrics, tested, best, plan.objective,
+            throughput.samples_per_second(trainer, record.extra.get("fit_seconds")),
         )  # fmt: skip
         record.finish(results)
         if trainer.is_global_zero:

@@ -83,3 +83,27 @@ def test_unreachable_wandb_server_falls_back_to_offline_with_one_line(tiny_data,
     notes = [line for line in result.stderr.splitlines() if "cannot be reached" in line]
     assert len(notes) == 1 and "logging offline" in notes[0] and "wandb sync" in notes[0]
     assert list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_a_full_disk_while_the_history_is_written_leaves_whole_rows_and_names_the_file(small_disk):
+    """A real full disk under csv/metrics.csv: the row being written is not left cut short (it would read as
+    another step's row, kept by the rerun beside the step's real one), and the error names the file."""
+    import csv
+    import errno
+    import shutil
+
+    from hydralight.training.loggers import HistoryLogger
+
+    history = HistoryLogger(str(small_disk / "run"))
+    history.log_metrics({"train/loss": 1.0}, step=0)
+    (small_disk / "filler").write_bytes(b"\0" * shutil.disk_usage(small_disk).free)
+    logged = 1
+    with pytest.raises(OSError) as raised:
+        for step in range(1, 100_000):
+            history.log_metrics({"train/loss": 1.0 / 3 + step}, step=step)
+            logged += 1
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(history.path)
+    with history.path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert logged > 10 and [int(r["step"]) for r in rows] == list(range(logged))
+    assert all(float(r["train/loss"]) == (1.0 if i == 0 else 1.0 / 3 + i) for i, r in enumerate(rows))

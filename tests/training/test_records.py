@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from hydralight.config.plan import ObjectivePlan
-from hydralight.training.records import result_line, run_results
+from hydralight.training.records import Throughput, result_line, run_results
 
 
 def finished(metrics, metric="val/acc", direction="max", tested=None):
@@ -14,7 +14,7 @@ def finished(metrics, metric="val/acc", direction="max", tested=None):
     if tested is None:
         tested = {k: v for k, v in metrics.items() if k.startswith("test")}
     fitted = {k: v for k, v in metrics.items() if k not in tested}
-    return run_results(trainer, fitted, tested, None, ObjectivePlan(metric, direction), 32, 0, 2.0)
+    return run_results(trainer, fitted, tested, None, ObjectivePlan(metric, direction), 128.0)
 
 
 def test_the_classifier_headline_is_kept_where_the_module_logs_test_accuracy():
@@ -53,3 +53,23 @@ def test_a_validation_metric_s_test_counterpart():
     pairs = {"val/acc": "test/acc", "val_loss": "test_loss", "valid_acc": "test_acc", "loss/val": "loss/test",
              "validation/f1": "test/f1", "val/acc_best": "test/acc_best", "interval_len": "test_interval_len"}  # fmt: skip
     assert {m: test_counterpart(m) for m in pairs} == pairs
+
+
+def test_an_attempt_that_trains_no_step_reports_the_throughput_of_the_attempt_that_did():
+    """Killed in its test and continued: the continuing attempt's fit trains nothing (Lightning skips its
+    loop); its samples/s are the trained attempt's, carried in the checkpoint, not its steps over no time."""
+    trainer = SimpleNamespace(global_step=0)
+    trained, into = Throughput(32, into={}, warmup=1), {}
+    trained.on_fit_start(trainer, None)
+    trained.on_train_start(trainer, None)
+    for step in range(1, 11):
+        trainer.global_step = step
+        trained.on_train_batch_end(trainer, None, None, None, step - 1)
+    state = trained.state_dict()
+    assert state["train_samples_per_second"] > 0 and state["samples_per_second"] > 0
+    continued = Throughput(32, into=into, warmup=1)
+    continued.load_state_dict(state)
+    continued.on_fit_start(trainer, None)  # no on_train_start: the fit loop is skipped
+    assert continued.samples_per_second(trainer, fit_seconds=0.001) == state["samples_per_second"]
+    assert into["train_samples_per_second"] == state["train_samples_per_second"]
+    assert continued.state_dict() == state  # and the next checkpoint carries them on

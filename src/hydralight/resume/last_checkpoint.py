@@ -17,7 +17,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Checkpoint
 
 from hydralight.errors import UserError
-from hydralight.lightning_internals import align_logging_step, epoch_complete, record_loop_state, validate_now
+from hydralight.lightning_internals import epoch_complete, record_loop_state, validate_now
 from hydralight.resume.agreement import agreement
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import write_checkpoint
@@ -74,10 +74,6 @@ class LastCheckpoint(Checkpoint):
             forget = getattr(logger, "forget_from_step", None)
             if forget is not None:
                 forget(trainer.global_step)
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        # A resumed run logs exactly what an uninterrupted one does.
-        align_logging_step(trainer)
 
     def _time_due(self) -> int:
         # Registered only when every_minutes is set.

@@ -22,6 +22,7 @@ RESULTS = "results.json"
 CHECKPOINTS = "checkpoints"
 LAST = "last.ckpt"
 HISTORY = "csv/metrics.csv"
+FIT_END = "fit_end.json"
 RANKS = "ranks"
 # The sweep dir: jobs submitted (launchers), the search's trials and best, the study's storage.
 JOBS = "jobs.json"
@@ -57,6 +58,12 @@ class RunDir:
     @property
     def results(self) -> Path:
         return self.path / RESULTS
+
+    @property
+    def fit_end(self) -> Path:
+        """What training ended with (its step, final metrics, the history's length): what an attempt that
+        continues after the training, killed in its test, reports and keeps."""
+        return self.path / FIT_END
 
     @property
     def checkpoints(self) -> Path:

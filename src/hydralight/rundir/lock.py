@@ -112,6 +112,10 @@ class RunDirLock:
             self._lease.acquire(timeout=timeout, poll_interval=poll_interval, blocking=blocking)
         except Timeout:
             return False
+        except OSError as err:
+            if err.filename is None:  # a full disk: the line names where
+                raise OSError(err.errno, err.strerror, str(self.path)) from err
+            raise
         return True
 
     def _is_this_host(self, other: OwnerRecord) -> bool:

@@ -5,6 +5,7 @@ without torch or Lightning."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -213,8 +214,14 @@ class FileSnapshot:
                 path.unlink(missing_ok=True)
                 continue
             temporary = path.with_name(f".{path.name}.restore")
-            temporary.write_bytes(before)
-            os.replace(temporary, path)
+            try:
+                temporary.write_bytes(before)
+                os.replace(temporary, path)
+            except OSError as err:
+                temporary.unlink(missing_ok=True)
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                path.write_bytes(before)  # a full disk: in place, in the room the newer file frees
         if folder is not None and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
 

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 
-from hydralight.lightning_internals import BestCheckpoint, epoch_of_last_step
+from hydralight.lightning_internals import BestCheckpoint, align_logging_step, epoch_of_last_step
 from hydralight.training.loggers import HistoryLogger
 
-__all__ = ["BestCheckpoint", "EpochOfLastStep", "epoch_of_last_step"]  # BestCheckpoint: conf/callbacks' target
+__all__ = [
+    "BestCheckpoint",
+    "EpochOfLastStep",
+    "LoggedAtItsStep",
+    "epoch_of_last_step",
+]  # BestCheckpoint: conf/callbacks' target
 
 
 class EpochOfLastStep(pl.Callback):
@@ -37,3 +42,12 @@ class EpochOfLastStep(pl.Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self.on_validation_end(trainer, pl_module)
+
+
+class LoggedAtItsStep(pl.Callback):
+    """A resumed run logs every row at the step an uninterrupted run logs it. Lightning's logging step can be
+    one ahead after a restart at an epoch boundary; this runs first of the callbacks at each batch start,
+    before the learning-rate monitor logs there."""
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
+        align_logging_step(trainer)

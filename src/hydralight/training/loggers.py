@@ -7,6 +7,7 @@ import contextlib
 import csv
 import hashlib
 import http.client
+import io
 import os
 import ssl
 import sys
@@ -87,12 +88,33 @@ class HistoryLogger(Logger):
     def _rewrite(self, columns: list[str], rows: Sequence[Mapping[str, Any]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with temporary.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(temporary, self.path)
+        try:
+            with temporary.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=columns)
+                writer.writeheader()
+                writer.writerows(rows)
+            os.replace(temporary, self.path)
+        except OSError as err:  # a full disk: the history as it was, and a line that names it
+            temporary.unlink(missing_ok=True)
+            raise OSError(err.errno, err.strerror, str(self.path)) from err
         self._columns = columns
+
+    def _append(self, columns: list[str], row: Mapping[str, Any]) -> None:
+        line = io.StringIO()
+        csv.DictWriter(line, fieldnames=columns).writerow(row)
+        data = line.getvalue().encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            end = os.fstat(fd).st_size
+            try:
+                while data:
+                    data = data[os.write(fd, data) :]
+            except OSError as err:
+                # A row cut short by a full disk would read as another step's row: the file ends where it did.
+                os.ftruncate(fd, end)
+                raise OSError(err.errno, err.strerror, str(self.path)) from err
+        finally:
+            os.close(fd)
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -105,12 +127,22 @@ class HistoryLogger(Logger):
             # A new column (the first validation, the test): the file is written again with it.
             self._rewrite([*columns, *new], [*self._rows(), row])
             return
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, fieldnames=columns).writerow(row)
+        self._append(columns, row)
 
     @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
         """The run's config and plan are in config.yaml and plan.yaml already."""
+
+    def row_count(self) -> int:
+        return len(self._rows())
+
+    @rank_zero_only
+    def keep_rows(self, count: int) -> None:
+        """Keep the first `count` rows (what the history held when training ended): rows an attempt killed
+        after its training logged (its test) are logged again by the attempt that continues it."""
+        rows = self._rows()
+        if len(rows) > count:
+            self._rewrite(self._header(), rows[:count])
 
     @rank_zero_only
     def forget_from_step(self, step: int) -> None:

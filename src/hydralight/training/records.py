@@ -16,6 +16,8 @@ from torch.nn import SyncBatchNorm
 from hydralight.config.plan import ObjectivePlan
 from hydralight.rundir.layout import RunDir
 from hydralight.rundir.outcome import test_counterpart
+from hydralight.rundir.record import read_json, write_json
+from hydralight.training.loggers import HistoryLogger
 
 
 class RankRecord(pl.Callback):
@@ -51,16 +53,23 @@ class Throughput(pl.Callback):
     """Training samples/s of this attempt from its `warmup`-th optimizer step to its last, into `into`
     (`train_samples_per_second`): process start-up, the first steps' allocations and the final validation
     are left out (validations between those steps count), so runs at different world sizes compare on
-    training."""
+    training. The figures so far travel in each checkpoint: an attempt that trains no step (killed during
+    the test, continued) reports the attempt's that trained, not a rate of zero steps."""
 
     def __init__(self, global_size: int, into: dict[str, Any], warmup: int = 5) -> None:
         self.global_size, self.into, self.warmup = global_size, into, warmup
         self.start_step = 0  # where this attempt began
+        self._trains = False  # whether this attempt's fit loop ran (it is skipped when training is done)
+        self._fit_started = time.perf_counter()
         self._first: tuple[int, float] | None = None
         self._last: tuple[int, float] | None = None
+        self._earlier: dict[str, float] = {}
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._fit_started = time.perf_counter()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.start_step, self._first, self._last = trainer.global_step, None, None
+        self.start_step, self._first, self._last, self._trains = trainer.global_step, None, None, True
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -70,11 +79,66 @@ class Throughput(pl.Callback):
             self._first = mark
         self._last = mark
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _training_rate(self) -> float | None:
         if self._first is None or self._last is None or self._last[0] <= self._first[0]:
-            return  # too few steps to tell
+            return None  # too few steps to tell
         steps, seconds = self._last[0] - self._first[0], self._last[1] - self._first[1]
-        self.into["train_samples_per_second"] = round(steps * self.global_size / seconds, 1)
+        return round(steps * self.global_size / seconds, 1)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if (rate := self._training_rate()) is not None:
+            self.into["train_samples_per_second"] = rate
+
+    def samples_per_second(self, trainer: pl.Trainer, fit_seconds: float | None) -> float | None:
+        """Samples this attempt trained over its `fit` time (validations included); an attempt that trained
+        none: the figure of the attempt that did."""
+        if self._trains and trainer.global_step > self.start_step and fit_seconds:
+            return round((trainer.global_step - self.start_step) * self.global_size / fit_seconds, 1)
+        return self._earlier.get("samples_per_second")
+
+    def state_dict(self) -> dict[str, Any]:
+        figures = dict(self._earlier)
+        if (rate := self._training_rate()) is not None:
+            figures["train_samples_per_second"] = rate
+        if self._trains and self._last is not None and self._last[0] > self.start_step:
+            seconds = self._last[1] - self._fit_started
+            figures["samples_per_second"] = round((self._last[0] - self.start_step) * self.global_size / seconds, 1)
+        return figures
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._earlier = {k: float(v) for k, v in state_dict.items() if isinstance(v, int | float)}
+        if "train_samples_per_second" in self._earlier:  # replaced by this attempt's when it trains enough
+            self.into["train_samples_per_second"] = self._earlier["train_samples_per_second"]
+
+
+class FitEnd(pl.Callback):
+    """What training ended with, kept in the run dir (`fit_end.json`): an attempt that continues a run
+    whose training was done (killed in its test or while writing its records) trains no step, so Lightning
+    has no metrics of the training for it; it reports those of the attempt that trained, and the history
+    keeps that attempt's rows once."""
+
+    def __init__(self, run_dir: str, writer: bool) -> None:
+        self.run_dir, self.writer = RunDir.at(run_dir), writer
+        self._trained = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._trained = True
+
+    def metrics(self, trainer: pl.Trainer) -> dict[str, float]:
+        """The metrics training ended with (call after `fit`)."""
+        current = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        history = next((lg for lg in trainer.loggers if isinstance(lg, HistoryLogger)), None)
+        earlier = None if self._trained else read_json(self.run_dir.fit_end)
+        if earlier is not None and earlier.get("global_step") == trainer.global_step:
+            if history is not None and isinstance(earlier.get("history_rows"), int):
+                history.keep_rows(earlier["history_rows"])
+            metrics = earlier.get("metrics")
+            if isinstance(metrics, dict):
+                return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        if self.writer:
+            ended = {"global_step": trainer.global_step, "metrics": current}
+            write_json(self.run_dir.fit_end, {**ended, "history_rows": history.row_count() if history else None})
+        return current
 
 
 def objective_value(trainer: pl.Trainer, metrics: dict[str, float], metric: str) -> float | None:
@@ -109,17 +173,13 @@ def run_results(
     tested: dict[str, Any],
     best: str | None,
     objective: ObjectivePlan,
-    global_size: int,
-    start_step: int,
-    fit_seconds: float | None,
+    samples_per_second: float | None,
 ) -> dict[str, Any]:
     """results.json of a finished run: epochs, steps, every final metric, the objective (the best
     validation value of `objective.metric`: what a sweeper may tune on, never a test metric), samples/s.
     `tested`: what the test stage logged, under the module's own names (test/acc, test_loss, a log_dict's)."""
     tested = {k: float(v) for k, v in tested.items()}
     metrics = {**{k: float(v) for k, v in metrics.items()}, **tested}
-    # Samples this attempt trained, over this attempt's time (a resumed run started at a later step).
-    samples = (trainer.global_step - start_step) * global_size
     # The built-in classifier's headline, kept at the top level where earlier results had it; only for a
     # module that logs it (a null there read as "accuracy was measured and lost" for a regression module).
     headline = {"test/acc": metrics["test/acc"]} if "test/acc" in metrics else {}
@@ -135,7 +195,7 @@ def run_results(
             "direction": objective.direction,
             "value": objective_value(trainer, metrics, objective.metric),
         },
-        "samples_per_second": round(samples / fit_seconds, 1) if fit_seconds else None,
+        "samples_per_second": samples_per_second,
         "stopped_by": stopped_by(trainer),
     }
 

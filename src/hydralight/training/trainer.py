@@ -28,7 +28,7 @@ from hydralight.lightning_internals import skip_unused_step_hooks
 from hydralight.rundir.launch import external_launcher, is_rank_zero
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import AtomicCheckpointIO
-from hydralight.training.epochs import EpochOfLastStep
+from hydralight.training.epochs import EpochOfLastStep, LoggedAtItsStep
 from hydralight.training.guards import FiniteLoss, ObjectiveLogged, PlannedBatch
 from hydralight.training.invariance import InvarianceCheck, SampleKeys, batchnorm_advice, has_sample_dropout
 from hydralight.training.modules import validates
@@ -42,7 +42,8 @@ def build_callbacks(plan: RunPlan, module: pl.LightningModule, into: dict[str, A
     run's throughput, its resume state); `into`: the run record's extra fields, which the invariance check
     fills in."""
     checks = validates(module)
-    callbacks = configured_callbacks(plan, checks)
+    # First: the configured callbacks log at batch start with the step it sets.
+    callbacks: list[Callback] = [LoggedAtItsStep(), *configured_callbacks(plan, checks)]
     callbacks += [
         FiniteLoss(str(RunDir.at(plan.paths.run_dir).last), lr_key="optim.lr" if "lr" in module.hparams else None),
         # Only a module with keyed dropout needs keys: Lightning calls every callback at every hook of every step.
