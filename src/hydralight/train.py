@@ -25,7 +25,7 @@ from hydralight.config.schema import register
 from hydralight.errors import UserError, exit_on_user_error
 from hydralight.rundir.launch import check_rank_variables, is_rank_zero
 from hydralight.rundir.lock import RunDirLock
-from hydralight.rundir.ownership import Claim, check_usable
+from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable, claim_sweep_dir
 
 register()
 # A user's `lightning.pytorch` module, data module or callback is built on the classes this Trainer runs.
@@ -39,6 +39,8 @@ CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
 # that record (folder, files) as it was: a refused run puts it back.
 _claimed_before_hydra: Claim | None = None
 _hydra_record_before: tuple[Path, Any] | None = None
+# The folders above a run dir that Hydra names (`outputs/`) not there before this run: a refused run leaves none.
+_made_for_hydra: tuple[Path, ...] = ()
 
 
 def run(plan: RunPlan, machine: Machine) -> float | None:
@@ -180,7 +182,7 @@ def job_info() -> JobInfo:
 def main(cfg: DictConfig) -> float | None:
     """One run, or one job of a sweep: resolve its plan (print it with `plan=true`) and run it."""
     from hydralight.config.resolve import resolve
-    from hydralight.rundir.record import discard_unused_run_dir, record_failure
+    from hydralight.rundir.record import discard_unused_run_dir, record_failure, remove_empty_folders
     from hydralight.training.machine import detect
 
     job = job_info()
@@ -213,6 +215,8 @@ def main(cfg: DictConfig) -> float | None:
                 if getattr(err, "discard_run_dir", False):
                     claim.discard_added()
                 kept = not discard_unused_run_dir(run_dir, keep_folder=not claim.made_folder)
+                if not kept and job.sweep_dir is None:
+                    remove_empty_folders(_made_for_hydra)
                 if kept and _hydra_record_before is not None and claim is _claimed_before_hydra:
                     folder, files = _hydra_record_before
                     files.restore(folder)  # an earlier run's record, as it was
@@ -240,7 +244,7 @@ def cli() -> None:
 
 
 def _start(invocation: Invocation) -> None:
-    global _claimed_before_hydra, _hydra_record_before
+    global _claimed_before_hydra, _hydra_record_before, _made_for_hydra
     check_rank_variables()  # this door is a shell's or a launcher's, never one of this project's own ranks
     # Every job's config is composed and type-checked first: a wrong value is one line, before any run dir.
     modes: set = set()
@@ -252,6 +256,13 @@ def _start(invocation: Invocation) -> None:
         for cfg in configs:
             resources(cfg, Machine())  # the arithmetic too; the machine is checked only by a run
     invocation.check_writable()
+    _made_for_hydra = invocation.missing_output_folders()
+    if (sweep_dir := invocation.fixed_sweep_dir()) is not None and is_rank_zero():
+        # A folder of the user's is refused before Hydra writes the sweep's record (multirun.yaml) in it.
+        if invocation.plan_only:
+            check_sweep_usable(Path(sweep_dir))
+        else:
+            claim_sweep_dir(Path(sweep_dir))
     sys.argv[1:] = invocation.hydra_argv()
     # Hydra need not compose everything again to learn what the configs say of hydra.mode (unless the
     # command line sets it: those overrides are Hydra's, not composed above).

@@ -245,6 +245,18 @@ def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
     assert losses(run) == pytest.approx(losses(plain), rel=1e-5)
 
 
+def test_a_sweep_dir_with_shell_syntax_in_its_name_reaches_sbatch_as_a_name(cluster, tiny_data, tmp_path):
+    """`$(...)` and backquotes in the sweep dir are written into the sbatch script and run by SLURM's shell:
+    they stay quoted there, so the job runs in the folder of that very name and no command runs."""
+    folder = tmp_path / "sweep $(touch PWNED) `touch PWNED2`"
+    code, output = sweep(TINY, f"'{folder}'", tiny_data, PWD=str(tmp_path))  # quoted for Hydra's grammar
+    assert code == 0, output[-3000:]
+    assert (folder / "0" / "results.json").is_file()
+    assert not list(tmp_path.rglob("PWNED*")) and not list(ROOT.glob("PWNED*"))
+    (log,) = (folder / ".submitit").rglob("*_0_log.out")  # SLURM wrote the job's log where the script said
+    assert log.read_text()
+
+
 def test_a_failing_job_does_not_stop_a_slurm_sweep(cluster, tiny_data, tmp_path):
     args = [*TINY, "trainer.limit_train_batches=null", "optim=sgd", "optim.lr_scaling=none", "optim.lr=1e12,0.05"]
     code, output = sweep(args, tmp_path / "sweep", tiny_data)

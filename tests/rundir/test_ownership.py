@@ -2,11 +2,13 @@
 A refused run removes only what its own attempt added."""
 
 import hashlib
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, one_line, run_cli
+from conftest import ROOT, TINY, one_line, run_cli, run_python
 
 from hydralight.errors import UserError
 from hydralight.rundir.ownership import Claim, check_usable, foreign_entries, is_project_dir
@@ -179,3 +181,38 @@ def test_resume_of_a_folder_of_the_users_names_the_key_given(tiny_data, tmp_path
     line = one_line(run_python(command, {**os.environ, "DATA_DIR": str(tiny_data)}))
     assert line.startswith(f"error: resume={mine} already holds files this project did not write"), line
     assert snapshot(mine) == before
+
+
+@pytest.mark.slow
+def test_a_sweep_dir_of_the_users_is_refused_before_hydra_writes_in_it(tiny_data, tmp_path):
+    """`-m hydra.sweep.dir=<a folder of the user's>`: Hydra's multirun.yaml and the launchers' jobs.json would be
+    written over the user's files of those names; refused in one line, nothing written, for `plan=true` too."""
+    mine = users_folder(tmp_path)
+    (mine / "multirun.yaml").write_text("mine: true\n")
+    (mine / "jobs.json").write_text("[1, 2]\n")
+    before = snapshot(mine)
+    for extra in ([], ["plan=true"]):
+        args = ["-m", *TINY, "trainer.max_steps=2", "seed=1,2", *extra, f"hydra.sweep.dir={mine}"]
+        line = one_line(run_cli(args, mine, tiny_data))
+        assert f"hydra.sweep.dir={mine} already holds files this project did not write" in line, line
+        assert snapshot(mine) == before
+    # A sweep dir of the project's is continued: the same sweep again finds its finished jobs.
+    sweep = tmp_path / "sweep"
+    args = ["-m", *TINY, "trainer.max_steps=2", "seed=1,2", f"hydra.sweep.dir={sweep}"]
+    assert run_cli(args, sweep, tiny_data).returncode == 0
+    again = run_cli(args, sweep, tiny_data)
+    assert again.returncode == 0 and (again.stdout + again.stderr).count("already finished") == 2
+
+
+def test_a_refused_run_in_hydras_own_dated_folder_leaves_no_empty_outputs_folder(tiny_data, tmp_path):
+    """Without hydra.run.dir, Hydra makes outputs/<date>/<time>: a refused run takes all three away, and an
+    `outputs/` that was there before stays."""
+    # The default run dir (no hydra.run.dir on the command line), and the same template given.
+    default = [sys.executable, str(ROOT / "train.py"), *REFUSED_LATE]
+    env = {**os.environ, "DATA_DIR": str(tiny_data)}
+    assert "val/no_such" in one_line(run_python(default, env, cwd=tmp_path))
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "outputs").mkdir()
+    named = [*default, "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}"]
+    assert "val/no_such" in one_line(run_python(named, env, cwd=tmp_path))
+    assert [p.name for p in tmp_path.iterdir()] == ["outputs"] and list((tmp_path / "outputs").iterdir()) == []

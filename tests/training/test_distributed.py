@@ -49,6 +49,7 @@ def test_two_process_ddp_on_cpu(tiny_data, tmp_path, strategy):
             "checkpoints",
             "config.yaml",
             "csv",
+            "fit_end.json",
             "manifest.json",
             "plan.yaml",
             "ranks",

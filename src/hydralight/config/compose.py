@@ -150,6 +150,14 @@ class Invocation:
         named = Invocation(tuple(self.hydra_argv())).value("hydra.run.dir")
         return None if named is None or "${" in named else named  # `${now:...}`: Hydra names it; locked there
 
+    def fixed_sweep_dir(self) -> str | None:
+        """The sweep dir a `-m` run will write, when the command line names it: checked before Hydra writes
+        its record there."""
+        if not self.multirun or self.print_only:
+            return None
+        named = self.value("hydra.sweep.dir")
+        return None if named is None or "${" in named else named
+
     def hydra_record_dir(self) -> str | None:
         """The folder of the run dir where Hydra writes its own record (`hydra.output_subdir`; None: none)."""
         given = Invocation(tuple(self.hydra_argv())).value("hydra.output_subdir")
@@ -159,9 +167,25 @@ class Invocation:
         """Refuse a run or sweep dir that cannot be written, before Hydra starts."""
         if self.print_only:
             return
+        check_writable(self._output_template())
+
+    def _output_template(self) -> str:
         key = "hydra.sweep.dir" if self.multirun else "hydra.run.dir"
-        default = "multirun" if self.multirun else "outputs"
-        check_writable(Invocation(tuple(self.hydra_argv())).value(key) or default)
+        # Without one: conf/hydra/default.yaml's, a dated folder inside `outputs/` (`multirun/`).
+        return (
+            Invocation(tuple(self.hydra_argv())).value(key) or f"{'multirun' if self.multirun else 'outputs'}/${{now:}}"
+        )
+
+    def missing_output_folders(self) -> tuple[Path, ...]:
+        """The folders above a run or sweep dir that Hydra names (`outputs/${now:...}`) which do not exist yet,
+        the deepest first: made for this run, and removed with it when it is refused and they are left empty."""
+        template = self._output_template()
+        if "${" not in template:
+            return ()
+        parts = Path(template).parts
+        fixed = parts[: next(i for i, part in enumerate(parts) if "${" in part)]
+        root = Path(*fixed).absolute() if fixed else Path.cwd()
+        return tuple(p for p in (root, *root.parents) if not p.exists())
 
 
 def _parse_reason(err: BaseException, arg: str) -> str:

@@ -26,10 +26,11 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, LocalQue
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydralight.errors import UserError, exit_on_user_error
+from hydralight.launch.sealed import Sealed, SealedJob, share_secrets
 from hydralight.rundir.layout import RunDir
 from hydralight.rundir.outcome import record_submitted
 from hydralight.rundir.record import discard_unused_run_dir, now, read_json, write_json
-from hydralight.rundir.redaction import redact, redact_sweep_record
+from hydralight.rundir.redaction import redact, redact_sweep_record, secret_values
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,8 @@ class PlannedLauncherMixin:
             ]
             devices = iter(device_assignment(wanted, visible_devices()))
             submissions = [(request, [i], tuple(next(devices))) for request, indices in groups.items() for i in indices]
+        # The jobs' pickles hold references to the secrets of the command line, never their values.
+        share_secrets(secret_values())
         for request, indices, gpus in submissions:
             executor.update_parameters(**base, **dict(request))
             if gpus:
@@ -246,7 +249,7 @@ class PlannedLauncherMixin:
                 # pass that key on.
                 executor._executor.update_parameters(visible_gpus=gpus)
             try:
-                submitted = executor.map_array(self, *zip(*[arguments[i] for i in indices], strict=True))
+                submitted = executor.map_array(SealedJob(), [Sealed((self, arguments[i])) for i in indices])
             except Exception as err:  # sbatch said no: bad partition, resources the cluster does not have
                 asked = ", ".join(f"{k}={v}" for k, v in request if v is not None)
                 raise UserError(f"SLURM refused the job ({asked}): {sbatch_refusal(err)}") from None

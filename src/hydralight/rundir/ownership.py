@@ -16,11 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydralight.errors import UserError
-from hydralight.rundir.layout import LOCK, LOCK_LEFTOVERS, MANIFEST, MARK
+from hydralight.rundir.layout import BEST, JOBS, LOCK, LOCK_LEFTOVERS, MANIFEST, MARK, SEARCH, STUDY
 from hydralight.rundir.record import read_json
 
 # What Hydra writes into a job's dir before the task runs: its record and its log file.
 _HYDRA_WRITES = (".hydra", "multirun.yaml")
+# What a sweep dir of an earlier version holds beside its job dirs: Hydra's record, the launchers', the
+# search's and the report's files.
+_SWEEP_WRITES = frozenset(
+    {"multirun.yaml", JOBS, SEARCH, BEST, STUDY, "sbatch", ".submitit", "report.md", "report.csv", "report_jobs.csv"}
+)
 
 
 def _entries(path: Path) -> list[str]:
@@ -92,6 +97,38 @@ def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
             f"{key}={path} already holds files this project did not write ({shown}); nothing was written there. "
             f"Give a new or an empty folder (or a run dir of this project, to continue its run)"
         )
+
+
+def check_sweep_usable(path: Path, key: str = "hydra.sweep.dir") -> None:
+    """Refuse, in one line and before Hydra writes its record there, a sweep dir that is a file or a folder
+    of the user's: one holding anything but a sweep's own files and this project's job dirs."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{key}={path} is a file, not a folder; give a new folder for the sweep")
+    if _mark(path) is not None:
+        return
+    found = [
+        name
+        for name in _entries(path)
+        if name not in _SWEEP_WRITES
+        and name != MARK
+        and not name.endswith(".png")
+        and not ((path / name).is_dir() and not (path / name).is_symlink() and is_project_dir(path / name))
+    ]
+    if found:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise UserError(
+            f"{key}={path} already holds files this project did not write ({shown}); nothing was written there. "
+            "Give a new or an empty folder (or a sweep dir of this project, to continue its sweep)"
+        )
+
+
+def claim_sweep_dir(path: Path, key: str = "hydra.sweep.dir") -> None:
+    """Check a sweep dir (`check_sweep_usable`), make it if missing, and mark it the project's."""
+    check_sweep_usable(path, key)
+    made = not path.is_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    if _mark(path) is None:
+        _write_mark(path, made)
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,16 @@ def record_failure(run_dir: RunDir, reason: str, overrides: list[str] | None = N
     redact_hydra_records(run_dir.path)  # a job refused before it saved its config
 
 
+def remove_empty_folders(folders: Iterable[Path]) -> None:
+    """Remove each folder (the deepest first) while it is empty; one that holds anything stays, and so do
+    the folders above it."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (something else came in), or gone already
+            return
+
+
 def discard_unused_run_dir(path: Path, keep_folder: bool = False) -> bool:
     """Remove a run dir that holds only its start-up record (a refused or plan-only run); keep anything else.
     `keep_folder`: the folder was there before the project used it, and stays (emptied of the record)."""

@@ -119,16 +119,18 @@ class FitEnd(pl.Callback):
 
     def __init__(self, run_dir: str, writer: bool) -> None:
         self.run_dir, self.writer = RunDir.at(run_dir), writer
-        self._trained = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._trained = True
+        # This attempt trains: what an earlier one ended with is no longer the end (removed where the rank
+        # runs, also in a spawned one).
+        if trainer.is_global_zero:
+            self.run_dir.fit_end.unlink(missing_ok=True)
 
     def metrics(self, trainer: pl.Trainer) -> dict[str, float]:
         """The metrics training ended with (call after `fit`)."""
         current = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
         history = next((lg for lg in trainer.loggers if isinstance(lg, HistoryLogger)), None)
-        earlier = None if self._trained else read_json(self.run_dir.fit_end)
+        earlier = read_json(self.run_dir.fit_end)
         if earlier is not None and earlier.get("global_step") == trainer.global_step:
             if history is not None and isinstance(earlier.get("history_rows"), int):
                 history.keep_rows(earlier["history_rows"])
