@@ -9,6 +9,7 @@
 6. scaling: 1 vs 2 DDP processes on CPU, same global batch and steps
 7. keyed dropout: a training step of the default network with per-sample keyed dropout vs torch's dropout
 8. cheap step: ms per optimizer step of a cheap step: plain loop, bare Lightning, the project's `train.py`
+9. sweeps: process start to the first job of a 10,000-job grid vs a 4-job grid; the report over 1,000 job dirs
 
 Every figure is the median of --repeats runs with min and max. Results go to benchmarks/RESULTS.md
 and benchmarks/results.png (or --out). Needs the real MNIST in DATA_DIR, except with --smoke, which
@@ -287,6 +288,68 @@ def startup(data_dir: str, repeats: int, out: Path) -> dict:
     return {"cfg_job_s": cfg_job, "first_step_s": timed(first_step, repeats)}
 
 
+# 9. sweeps: the first job of a large grid, the report of many jobs ----------------------------------
+def first_job_seconds(grid: list[str], data_dir: str, out: Path) -> float:
+    """Process start to the line Hydra logs as it starts job #0 of `-m GRID` (its config composed); the sweep
+    is stopped there."""
+    command = [*TRAIN, "-m", *grid, "model=mlp", "hardware=cpu", "trainer.max_steps=1",
+               f"hydra.sweep.dir={tempfile.mkdtemp(dir=out)}"]  # fmt: skip
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "DATA_DIR": data_dir}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        for line in proc.stdout or ():
+            if re.search(r"\t#0 : ", line):
+                return time.perf_counter() - start
+        raise RuntimeError(f"{' '.join(command)} started no job")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def many_job_dirs(source: Path, sweep: Path, count: int) -> Path:
+    """`count` copies of the job dir `source` in `sweep`, each with its own seed and learning rate."""
+    import shutil
+
+    for number in range(count):
+        job = sweep / str(number)
+        shutil.copytree(source, job, symlinks=True)
+        manifest = json.loads((job / "manifest.json").read_text())
+        manifest["overrides"] = [f"seed={number % 10}", f"optim.lr={0.001 * (1 + number // 10)}"]
+        manifest["run_dir"] = str(job)
+        (job / "manifest.json").write_text(json.dumps(manifest))
+    return sweep
+
+
+def sweeps(data_dir: str, repeats: int, out: Path, smoke: bool) -> dict:
+    """The first job of a 10,000-job grid against that of a 4-job grid (same keys), side by side; the
+    report over 1,000 job dirs against the report over 10."""
+    large, small = ["seed=range(100)", "data.val_size=range(1000,1100)"], ["seed=range(2)", "data.val_size=1000,1001"]
+    if smoke:
+        large, small = ["seed=range(100)", "data.val_size=range(100,200)"], ["seed=range(2)", "data.val_size=100,101"]
+    pairs = [(first_job_seconds(large, data_dir, out), first_job_seconds(small, data_dir, out)) for _ in range(repeats)]
+    source = out / "report-source"
+    run([*TRAIN, "-m", "seed=1", "model=mlp", "hardware=cpu", "trainer.max_steps=20", "data.val_size=100",
+         f"hydra.sweep.dir={source}"], {"DATA_DIR": data_dir})  # fmt: skip
+    jobs = 100 if smoke else 1000
+    many, few = (
+        many_job_dirs(source / "0", out / "report-many", jobs),
+        many_job_dirs(source / "0", out / "report-few", 10),
+    )
+    report = [sys.executable, "-m", "hydralight.report"]
+    timings = [(run([*report, str(many)])[0], run([*report, str(few)])[0]) for _ in range(repeats)]
+    return {
+        "grid_jobs": 10_000,
+        "first_job_large_s": summary([a for a, _ in pairs]),
+        "first_job_small_s": summary([b for _, b in pairs]),
+        "first_job_ratio": statistics.median(a / b for a, b in pairs),
+        "report_jobs": jobs,
+        "report_many_s": summary([a for a, _ in timings]),
+        "report_few_s": summary([b for _, b in timings]),
+        "report_ratio": statistics.median(a / b for a, b in timings),
+    }
+
+
 # 6. 1 vs 2 processes ------------------------------------------------------------------------------
 def scaling(data_dir: str, steps: int, repeats: int, out: Path) -> dict:
     results = {}
@@ -478,6 +541,8 @@ METHODS = {
     "keyed_dropout": "in one process, 50 steps each, interleaved; median of each repeat's ratio",
     "cheap_step": "steps 100 to 800 of one run (inside epoch 0) by a clock callback, interleaved; 1 thread; "
     "the median of each repeat's ratio",
+    "sweeps": "whole process, start to Hydra's `#0 :` line (job 0 starting), 100 x 100 vs 2 x 2 grid, interleaved; "
+    "the report: whole process over copies of one real job dir",
 }
 
 
@@ -525,6 +590,13 @@ def rows_of(results: dict) -> list[tuple[str, str, str, str, str]]:
              f"its default callbacks and CSV history); ratio by repeat {fmt(c['project_vs_lightning_by_repeat'])}"),
             ("cheap_step", "cheap step: bare Lightning / plain loop ms per step", f"{c['lightning_vs_plain']:.2f}", "-",
              f"{ms['lightning']} vs {ms['plain']} ms; ratio by repeat {fmt(c['lightning_vs_plain_by_repeat'])}"),
+        ]  # fmt: skip
+    if (w := results.get("sweeps")) is not None:
+        rows += [
+            ("sweeps", f"sweeps: first job of a {w['grid_jobs']:,}-job / 4-job grid", f"{w['first_job_ratio']:.2f}",
+             "10,000 jobs < 10 s", f"{fmt(w['first_job_large_s'])} s vs {fmt(w['first_job_small_s'])} s"),
+            ("sweeps", f"sweeps: report over {w['report_jobs']:,} / 10 job dirs", f"{w['report_ratio']:.2f}",
+             "seconds", f"{fmt(w['report_many_s'])} s vs {fmt(w['report_few_s'])} s"),
         ]  # fmt: skip
     return rows
 
@@ -620,6 +692,7 @@ def main() -> int:
         "cheap_step": lambda: cheap_step(
             data_dir, (2, 5) if args.smoke else (100, 800), repeats if args.smoke else 3 * repeats, work, args.smoke
         ),
+        "sweeps": lambda: sweeps(data_dir, repeats, work, args.smoke),
     }
     chosen = args.only.split(",") if args.only else list(suite)
     earlier = json.loads((out / "results.json").read_text()) if args.only and (out / "results.json").is_file() else {}

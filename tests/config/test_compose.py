@@ -117,3 +117,63 @@ def test_a_dict_value_for_a_dict_key_says_how_to_write_it():
         compose_jobs(CONFIG_DIR, "train", Invocation(("cluster.sbatch={mail-type: END}",)))
     (cfg,) = compose_jobs(CONFIG_DIR, "train", Invocation(("++cluster.sbatch={mail-type: END}",)))
     assert dict(cfg.cluster.sbatch) == {"mail-type": "END"}
+
+
+LARGE_GRID = ("seed=range(100)", "data.val_size=range(1000,1100)")  # 10,000 jobs
+
+
+def compositions(monkeypatch) -> list[int]:
+    from hydra._internal.hydra import Hydra
+
+    counted: list[int] = []
+    original = Hydra.compose_config
+    monkeypatch.setattr(Hydra, "compose_config", lambda self, *a, **k: counted.append(1) or original(self, *a, **k))
+    return counted
+
+
+def test_a_large_sweep_checks_every_value_it_sweeps_without_composing_every_job(monkeypatch, capsys):
+    """A 100 x 100 x 2 grid: one config for each choice of the swept group, every value of the other keys set
+    on the first job's config; its first job starts in seconds, not after 20,000 compositions."""
+    from hydralight.config.compose import compose_jobs
+    from hydralight.train import CONFIG_DIR
+
+    counted = compositions(monkeypatch)
+    configs = compose_jobs(CONFIG_DIR, "train", Invocation(("-m", *LARGE_GRID, "model=mlp,cnn")))
+    assert [c.model._target_.rsplit(".", 1)[-1] for c in configs] == ["Classifier", "Classifier"]
+    assert len(counted) <= 3 and len(configs) == 2  # the groups' names, and one config a model
+    assert "sweep of 20000 jobs: checking every value it sweeps first (2 configs composed)" in capsys.readouterr().err
+    # A wrong value anywhere in the grid is found before the first job, naming it.
+    with pytest.raises(UserError, match=r"optim.lr=abc is not a number"):
+        compose_jobs(CONFIG_DIR, "train", Invocation(("-m", *LARGE_GRID, "optim.lr=0.1,0.2,abc")))
+    with pytest.raises(UserError, match=r"model=cnnx is not an option of model"):
+        compose_jobs(CONFIG_DIR, "train", Invocation(("-m", *LARGE_GRID, "model=mlp,cnnx")))
+    with pytest.raises(UserError, match=r"optim.lr=range\(5\),abc cannot be expanded into values"):
+        compose_jobs(CONFIG_DIR, "train", Invocation(("-m", "seed=1,2", "optim.lr=range(5),abc")))
+
+
+def test_hydras_check_of_a_large_batch_composes_one_job_for_each_swept_choice():
+    """The default sweeper (hydra/sweeper=hydralight_basic) checks a batch before launching it as Hydra's does,
+    but of a large grid only the jobs that give a choice no job before gave (here: the first, and model=cnn)."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.hydralight_launchers import CheckedSweeper
+    from hydralight.config import compose
+
+    loaded = []
+    loader = SimpleNamespace(load_sweep_config=lambda master_config, sweep_overrides: loaded.append(sweep_overrides))
+    sweeper = CheckedSweeper(max_batch_size=None)
+    sweeper.hydra_context = SimpleNamespace(config_loader=loader)
+    sweeper.config = OmegaConf.create({"hydra": {"runtime": {"choices": {"model": "mlp", "optim": "adam"}}}})
+    batch = [
+        [f"seed={s}", f"optim.lr={lr}", f"model={m}"] for m in ("mlp", "cnn") for s in range(100) for lr in range(3)
+    ]
+    compose._checked_sweep.clear()
+    sweeper.validate_batch_is_legal(batch)
+    assert loaded == [batch[0], batch[300]]
+    compose._checked_sweep.append(len(batch))  # train.py checked it already: not again
+    loaded.clear()
+    sweeper.validate_batch_is_legal(batch)
+    assert loaded == []
+    compose._checked_sweep.clear()

@@ -4,11 +4,12 @@ once, and the config of every job of it composed and type-checked before anythin
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import re
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -276,11 +277,26 @@ def compose_jobs(
         raise UserError(f"{searched[0]} runs many trials: add -m (python train.py -m {searched[0]} ...)")
     configs = []
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        checked = list(enumerate(jobs))
+        groups: frozenset[str] = frozenset()
         if invocation.multirun:
             jobs = _sweep_jobs(invocation, overrides)
-            if len(jobs) > 1:  # said at once: checking a large sweep's every job takes a while
+            if len(jobs) > CHECKED_UPFRONT:
+                groups = _group_names(config_name, jobs[0])
+            checked = jobs_to_check(jobs, groups)
+            if len(checked) < len(jobs):  # said at once, with what is checked when
+                print(
+                    f"sweep of {len(jobs)} jobs: checking every value it sweeps first ({len(checked)} configs "
+                    "composed); "
+                    "each job's whole config is checked as it starts",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            elif len(jobs) > 1:
                 print(f"sweep of {len(jobs)} jobs: checking each job's config first", file=sys.stderr, flush=True)
-        for number, job in enumerate(jobs):
+            _checked_sweep.clear()
+            _checked_sweep.append(len(jobs))
+        for number, job in checked:
             prefix = f"sweep job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
             try:
                 cfg = compose(config_name=config_name, overrides=job, return_hydra_config=True)
@@ -302,8 +318,78 @@ def compose_jobs(
                         or f"{unknown} is not a config key; check the spelling (`--cfg job` prints the config)"
                     )
                 )
+            if number == 0 and len(checked) < len(jobs):
+                _check_swept_values(cfg, overrides, groups, len(jobs))
             configs.append(cfg)
     return configs
+
+
+def _group_names(config_name: str, job: list[str]) -> frozenset[str]:
+    """The config groups of the run's config (model, data, hydra/launcher, ...), as a job composes them."""
+    from hydra import compose
+
+    try:
+        cfg = compose(config_name=config_name, overrides=job, return_hydra_config=True)
+    except Exception:  # the job's own composition says what is wrong, in its line
+        return frozenset()
+    return frozenset(str(name) for name in cfg.hydra.runtime.choices)
+
+
+# A sweep of up to this many jobs has every job's config checked before the first starts. A larger one has
+# every value it sweeps checked instead (so that its first job starts in seconds whatever its size): one config
+# is composed for each choice of a swept config group (`model=mlp,cnn`), and each value of a swept key is set
+# on the first job's config (`seed=range(100)`: 100 assignments, not 100 compositions); each job's whole config
+# is composed and checked as it starts.
+CHECKED_UPFRONT = 100
+# The sweepers that run every combination of the values given (Hydra's, and the one the project's runs use).
+BASIC_SWEEPERS = ("hydra/sweeper=basic", "hydra/sweeper=hydralight_basic")
+# The number of jobs of the sweep this process checked (compose_jobs): Hydra's sweeper need not again.
+_checked_sweep: list[int] = []
+
+
+def jobs_to_check(jobs: Sequence[Sequence[str]], groups: frozenset[str] = frozenset()) -> list[tuple[int, list[str]]]:
+    """The jobs (with their numbers) whose configs are composed before a sweep starts: all of a small sweep;
+    of a larger one, each job that sets a choice of a config group in `groups` no job before it set (the first
+    job always)."""
+    if len(jobs) <= CHECKED_UPFRONT:
+        return [(number, list(job)) for number, job in enumerate(jobs)]
+    seen: set[str] = set()
+    chosen: list[tuple[int, list[str]]] = []
+    for number, job in enumerate(jobs):
+        choices = {o for o in job if o.lstrip("+~").split("=", 1)[0] in groups}
+        if not chosen or not seen.issuperset(choices):
+            seen.update(choices)
+            chosen.append((number, list(job)))
+    return chosen
+
+
+def _check_swept_values(base: DictConfig, overrides: list[str], groups: frozenset[str], jobs: int) -> None:
+    """Set each value of each swept key that is no config group on `base` (a job's composed config, its
+    schema's types in force), as the override would: a value of the wrong type is one line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    from hydralight.config.schema import explain
+
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group
+        if not override.is_sweep_override() or not override.is_discrete_sweep() or key in groups:
+            continue
+        if override.type == OverrideType.DEL or key.startswith("hydra."):
+            continue
+        trial = copy.deepcopy(base)  # one copy a key: each value replaces the one before
+        for value, text in zip(override.sweep_iterator(), override.sweep_string_iterator(), strict=True):
+            try:
+                with open_dict(trial) if override.type != OverrideType.CHANGE else contextlib.nullcontext():
+                    OmegaConf.update(trial, key, value, merge=True)
+            except Exception as err:
+                given = f"{'+' * (override.type != OverrideType.CHANGE)}{key}={text}"
+                raise UserError(f"a job of the sweep of {jobs} ({given}): {explain(err, [given])}") from None
+
+
+def sweep_checked(jobs: int) -> bool:
+    """Whether this process has checked the configs of a sweep of `jobs` jobs already (`compose_jobs`)."""
+    return _checked_sweep == [jobs]
 
 
 def _sweep_jobs(invocation: Invocation, overrides: list[str]) -> list[list[str]]:
@@ -321,18 +407,34 @@ def _sweep_jobs(invocation: Invocation, overrides: list[str]) -> list[list[str]]
     except Exception as err:
         raise UserError(f"cannot read the sweep: {explain(err, overrides)}") from None
     basic = not any(
-        a.startswith(("hydra/sweeper=", f"{SEARCH_GROUP}=")) and a != "hydra/sweeper=basic" for a in invocation.argv
+        a.startswith(("hydra/sweeper=", f"{SEARCH_GROUP}=")) and a not in BASIC_SWEEPERS for a in invocation.argv
     )
     if basic:
         try:
             jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
         except Exception as err:  # a glob() over a key that is no config group, say
-            raise UserError(f"cannot read the sweep: {explain(err, overrides)}") from None
+            raise UserError(f"cannot read the sweep: {_unexpandable(parsed) or explain(err, overrides)}") from None
         if not jobs:
             swept = " ".join(o.input_line for o in parsed if o.is_sweep_override() and o.input_line)
             raise UserError(f"the sweep has no jobs: {swept} matches no option; `python train.py --help` lists them")
         return jobs
     return [[o.input_line for o in parsed if o.input_line is not None and not o.is_sweep_override()]]
+
+
+def _unexpandable(parsed: list[Any]) -> str | None:
+    """Which sweep override Hydra cannot expand by itself, and why, when its own error names neither (a
+    `range()` inside a list: `lr=range(5),abc` fails on an internal type)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    for override in parsed:
+        try:
+            BasicSweeper.split_arguments([override], None)
+        except Exception:
+            return (
+                f"{override.input_line} cannot be expanded into values (a range() or glob() inside a list is not "
+                "supported): write the values out, or sweep it as one range()"
+            )
+    return None
 
 
 @contextlib.contextmanager

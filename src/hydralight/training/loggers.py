@@ -242,6 +242,7 @@ def wandb_server_unreachable(timeout: float = WANDB_PROBE_S) -> str | None:
         method="POST",
     )
     outcome: list[str | None] = []
+    silent = f"{where} did not answer within {timeout:.0f} s"
 
     def probe() -> None:  # in a thread: name resolution has no timeout of its own
         try:
@@ -252,15 +253,19 @@ def wandb_server_unreachable(timeout: float = WANDB_PROBE_S) -> str | None:
         except urllib.error.URLError as err:
             if isinstance(err.reason, ssl.SSLCertVerificationError):
                 outcome.append(None)  # it answered; which certificates to trust is wandb's own setting
+            elif isinstance(err.reason, TimeoutError):
+                outcome.append(silent)  # the socket's deadline, met before the thread's: the same silence
             else:
                 outcome.append(f"{where} cannot be reached ({_reason(err.reason)})")
-        except (OSError, ValueError, http.client.HTTPException) as err:  # timeouts, resets, a malformed URL
+        except TimeoutError:
+            outcome.append(silent)
+        except (OSError, ValueError, http.client.HTTPException) as err:  # resets, a malformed URL
             outcome.append(f"{where} cannot be reached ({_reason(err)})")
 
     thread = threading.Thread(target=probe, name="wandb-probe", daemon=True)
     thread.start()
     thread.join(timeout)
-    return outcome[0] if outcome else f"{where} did not answer within {timeout:.0f} s"
+    return outcome[0] if outcome else silent
 
 
 def _refusal(where: str, status: int) -> str | None:
@@ -277,8 +282,6 @@ def _refusal(where: str, status: int) -> str | None:
 
 
 def _reason(err: object) -> str:
-    if isinstance(err, TimeoutError):
-        return "no answer in time"
     text = getattr(err, "strerror", None) or str(err).strip() or type(err).__name__
     return text.splitlines()[0][:200]
 
