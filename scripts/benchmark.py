@@ -314,9 +314,10 @@ def many_job_dirs(source: Path, sweep: Path, count: int) -> Path:
     for number in range(count):
         job = sweep / str(number)
         shutil.copytree(source, job, symlinks=True)
+        overrides = [f"seed={number % 10}", f"optim.lr={0.001 * (1 + number // 10):g}"]
+        (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
         manifest = json.loads((job / "manifest.json").read_text())
-        manifest["overrides"] = [f"seed={number % 10}", f"optim.lr={0.001 * (1 + number // 10)}"]
-        manifest["run_dir"] = str(job)
+        manifest.update(overrides=overrides, run_dir=str(job))
         (job / "manifest.json").write_text(json.dumps(manifest))
     return sweep
 
