@@ -257,7 +257,8 @@ def _start(invocation: Invocation) -> None:
             resources(cfg, Machine())  # the arithmetic too; the machine is checked only by a run
     invocation.check_writable()
     _made_for_hydra = invocation.missing_output_folders()
-    if (sweep_dir := invocation.fixed_sweep_dir()) is not None and is_rank_zero():
+    multirun = any(getattr(mode, "name", None) == "MULTIRUN" for mode in modes)  # a search preset may set it
+    if (sweep_dir := invocation.fixed_sweep_dir(multirun)) is not None and is_rank_zero():
         # A folder of the user's is refused before Hydra writes the sweep's record (multirun.yaml) in it.
         if invocation.plan_only:
             check_sweep_usable(Path(sweep_dir))

@@ -100,3 +100,28 @@ def test_a_template_module_trains_on_the_built_in_data_and_its_checkpoint_is_eva
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     again = json.loads((tmp_path / "eval" / "results.json").read_text())["test"]["test/acc"]
     assert again == pytest.approx(tested)  # the same weights on the same test split
+
+
+@pytest.mark.slow
+def test_a_template_search_preset_is_refused_naming_this_project_s_keys_and_runs_once_renamed(tiny_data, tmp_path):
+    """The template's preset (hydra-optuna-sweeper's keys, `optimized_metric`) is one line naming the keys to
+    use instead; renamed, it runs as a search without -m (it sets multirun itself), as the shipped preset does."""
+    sweep = tmp_path / "sweep"
+    tiny = [*ARGS, "batch.global_size=32", "trainer.max_steps=2", f"hydra.sweep.dir={sweep}"]
+    as_written = run_cli(["hparams_search=mnist_optuna", *tiny], tmp_path, tiny_data, cwd=PROJECT,
+                         PYTHONPATH=str(PROJECT))  # fmt: skip
+    assert as_written.returncode == 2 and "Traceback" not in as_written.stderr
+    assert "optimized_metric is lightning-hydra-template's key; this project takes objective.metric" in (
+        as_written.stderr
+    )
+    for habit, instead in [
+        ("hydra.sweeper.sampler.n_startup_trials=5", "this project takes hydra.sweeper.n_startup_trials"),
+        ("hydra.sweeper.direction=maximize", "this project takes objective.direction"),
+    ]:
+        refused = run_cli(["-m", "hparams_search=optuna", habit, *tiny], tmp_path, tiny_data)
+        assert refused.returncode == 2 and instead in refused.stderr, refused.stderr[-2000:]
+    renamed = run_cli(["hparams_search=mnist_optuna_here", *tiny], tmp_path, tiny_data, cwd=PROJECT,
+                      PYTHONPATH=str(PROJECT))  # fmt: skip
+    assert renamed.returncode == 0, renamed.stderr[-3000:]
+    assert "2 of 2 trials done" in renamed.stdout + renamed.stderr
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]

@@ -9,14 +9,14 @@ import dataclasses
 import re
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hydralight.config.schema import planned_trainer_key
+from hydralight.config.schema import planned_trainer_key, template_key
 from hydralight.errors import UserError
 from hydralight.rundir.launch import check_writable, shared_run_overrides
 
@@ -151,10 +151,10 @@ class Invocation:
         named = Invocation(tuple(self.hydra_argv())).value("hydra.run.dir")
         return None if named is None or "${" in named else named  # `${now:...}`: Hydra names it; locked there
 
-    def fixed_sweep_dir(self) -> str | None:
-        """The sweep dir a `-m` run will write, when the command line names it: checked before Hydra writes
-        its record there."""
-        if not self.multirun or self.print_only:
+    def fixed_sweep_dir(self, multirun: bool = False) -> str | None:
+        """The sweep dir a `-m` run (or one whose config sets multirun: `multirun`) will write, when the command
+        line names it: checked before Hydra writes its record there."""
+        if not (self.multirun or multirun) or self.print_only:
             return None
         named = self.value("hydra.sweep.dir")
         return None if named is None or "${" in named else named
@@ -273,8 +273,7 @@ def compose_jobs(
     overrides = invocation.overrides
     jobs = [overrides]
     searched = [a for a in overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
-    if searched and not invocation.multirun and not invocation.print_only:
-        raise UserError(f"{searched[0]} runs many trials: add -m (python train.py -m {searched[0]} ...)")
+    _refuse_optuna_plugin_keys(a.lstrip("+").split("=", 1)[0] for a in invocation.override_args)
     configs = []
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         checked = list(enumerate(jobs))
@@ -304,6 +303,15 @@ def compose_jobs(
                 raise UserError(prefix + explain(err, job)) from None
             if hydra_modes is not None:
                 hydra_modes.add(cfg.hydra.get("mode"))
+            # A search preset may set multirun itself (`hydra: {mode: MULTIRUN}`, as the template's do).
+            if (
+                searched
+                and not invocation.multirun
+                and not invocation.print_only
+                and getattr(cfg.hydra.get("mode"), "name", None) != "MULTIRUN"
+            ):
+                raise UserError(f"{searched[0]} runs many trials: add -m (python train.py -m {searched[0]} ...)")
+            _refuse_optuna_plugin_keys(f"hydra.sweeper.{key}" for key in _keys_below(cfg.hydra.get("sweeper") or {}))
             with open_dict(cfg):
                 del cfg["hydra"]  # what compose() returns without return_hydra_config
             if deleted := _deleted_from_the_schema(cfg):
@@ -419,6 +427,24 @@ def _sweep_jobs(invocation: Invocation, overrides: list[str]) -> list[list[str]]
             raise UserError(f"the sweep has no jobs: {swept} matches no option; `python train.py --help` lists them")
         return jobs
     return [[o.input_line for o in parsed if o.input_line is not None and not o.is_sweep_override()]]
+
+
+def _keys_below(node: Any, prefix: str = "") -> Iterator[str]:
+    """Every key of a mapping, nested keys dotted (`sampler.seed`); the searched keys (`params`) left out."""
+    if isinstance(node, dict | DictConfig):
+        for key in node:
+            name = f"{prefix}{key!s}"
+            yield name
+            if str(key) != "params":
+                yield from _keys_below(node[key], f"{name}.")
+
+
+def _refuse_optuna_plugin_keys(keys: Iterable[str]) -> None:
+    """A key of hydra-optuna-sweeper's config (a template's search preset, its habits on the command line) is
+    refused in one line naming this project's, instead of Hydra's error naming the config class."""
+    for key in keys:
+        if (refusal := template_key(key)) is not None:
+            raise UserError(refusal)
 
 
 def _unexpandable(parsed: list[Any]) -> str | None:

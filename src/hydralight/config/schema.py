@@ -72,6 +72,33 @@ def set_by_plan(key: str, owner: str) -> str:
 PLANNED_MODEL = {"model.lr": "optim.lr", "model.seed": "seed"}
 
 
+# Keys of lightning-hydra-template's configs and of hydra-optuna-sweeper's (what the template's search presets
+# set) that this project spells otherwise: (whose key it is, what this project takes instead).
+TEMPLATE = "lightning-hydra-template"
+OPTUNA_PLUGIN = "hydra-optuna-sweeper"
+TPE_ONLY = "nothing (the search samples with Optuna's TPE, its defaults)"
+TEMPLATE_KEYS = {
+    "optimized_metric": (TEMPLATE, "objective.metric (what a search optimizes, with objective.direction)"),
+    "hydra.sweeper.sampler": (OPTUNA_PLUGIN, "hydra.sweeper.seed and hydra.sweeper.n_startup_trials (TPE)"),
+    "hydra.sweeper.sampler.seed": (OPTUNA_PLUGIN, "hydra.sweeper.seed"),
+    "hydra.sweeper.sampler.n_startup_trials": (OPTUNA_PLUGIN, "hydra.sweeper.n_startup_trials"),
+    "hydra.sweeper.sampler._target_": (OPTUNA_PLUGIN, TPE_ONLY),
+    "hydra.sweeper.sampler.consider_endpoints": (OPTUNA_PLUGIN, TPE_ONLY),
+    "hydra.sweeper.sampler.multivariate": (OPTUNA_PLUGIN, TPE_ONLY),
+    "hydra.sweeper.direction": (OPTUNA_PLUGIN, "objective.direction (max or min)"),
+    "hydra.sweeper.search_space": (OPTUNA_PLUGIN, "hydra.sweeper.params"),
+    "hydra.sweeper.custom_search_space": (OPTUNA_PLUGIN, "hydra.sweeper.params"),
+}
+
+
+def template_key(key: str) -> str | None:
+    """The refusal of another tool's key that this project spells otherwise, else None."""
+    if key not in TEMPLATE_KEYS:
+        return None
+    owner, instead = TEMPLATE_KEYS[key]
+    return f"{key} is {owner}'s key; this project takes {instead} in its place"
+
+
 def planned_trainer_key(key: str) -> str | None:
     """The refusal of `trainer.<key>` (or the classifier's `model.lr`) when the plan owns it, else None."""
     if key in PLANNED_MODEL:
@@ -316,6 +343,7 @@ def explain(err: BaseException, overrides: list[str]) -> str:
         name = key or m.group(1) or m.group(3)
         return (
             planned_trainer_key(name)
+            or template_key(name)
             or f"{name} is not a config key; check the spelling (`--cfg job` prints the config)"
         )
     if m := re.search(r"Could not find '([\w/]+)/([^']+)'(?s:.*?)Available options in '[\w/]+':\n((?:\t.*\n?)*)", text):

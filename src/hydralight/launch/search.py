@@ -58,7 +58,7 @@ class OptunaSearchConf:
     seed: int | None = None
     # TPE samples at random until this many trials have finished.
     n_startup_trials: int = 10
-    study_name: str = "search"
+    study_name: str | None = "search"  # null (a template preset's): "search"
     # An Optuna storage URL (e.g. sqlite:///search.db); null keeps the study in memory (no resume).
     storage: str | None = None
     params: dict[str, str | None] = field(default_factory=dict)  # null: a preset dimension left out
@@ -177,14 +177,14 @@ class OptunaSearch(Sweeper):
         n_jobs: int,
         seed: int | None,
         n_startup_trials: int,
-        study_name: str,
+        study_name: str | None,
         storage: str | None,
         params: dict[str, str | None] | None,
         enqueue: list[dict[str, Any]] | None = None,
         seeds: int = 1,
     ) -> None:
         self.n_trials, self.n_jobs, self.seed, self.seeds = n_trials, n_jobs, seed, seeds
-        self.n_startup_trials, self.study_name, self.storage = n_startup_trials, study_name, storage
+        self.n_startup_trials, self.study_name, self.storage = n_startup_trials, study_name or "search", storage
         self.params = dict(params or {})
         self.enqueue = [dict(OmegaConf.to_container(t) if isinstance(t, DictConfig) else t) for t in enqueue or []]
 
