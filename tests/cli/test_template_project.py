@@ -76,6 +76,7 @@ def test_the_template_s_habits_many_loggers_debug_presets_and_a_dotenv_file(tiny
     result = run_cli([*base, "logger=many_loggers", "trainer.max_steps=2"], run, cwd=tmp_path)  # DATA_DIR from .env
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run / "tensorboard").is_dir() and list((run / "wandb").glob("offline-run-*"))
+    assert (run / "mlflow" / "mlflow.db").is_file()  # no MLflow server: the run dir's own store
     assert (run / "csv" / "metrics.csv").is_file()
     limited = tmp_path / "limit"
     result = run_cli([*base, "debug=limit"], limited, cwd=tmp_path)

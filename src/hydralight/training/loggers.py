@@ -1,5 +1,5 @@
 """The run's metric history (csv/metrics.csv, written with every logger, kept across resumes) and the
-experiment trackers `logger=` adds beside it: TensorBoard, Weights & Biases."""
+experiment trackers `logger=` adds beside it: TensorBoard, Weights & Biases, MLflow."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from lightning_fabric.utilities.rank_zero import rank_zero_only
-from pytorch_lightning.loggers import Logger, WandbLogger
+from pytorch_lightning.loggers import Logger, MLFlowLogger, WandbLogger
 
 from hydralight.config.plan import RunPlan
 from hydralight.errors import UserError, require
@@ -241,6 +241,13 @@ def wandb_server_unreachable(timeout: float = WANDB_PROBE_S) -> str | None:
         headers={"Content-Type": "application/json", "User-Agent": "hydralight"},
         method="POST",
     )
+    return unanswered(request, where, timeout)
+
+
+def unanswered(request: urllib.request.Request, where: str, timeout: float) -> str | None:
+    """Why `request` gets no useful answer within `timeout` seconds (no connection, silence, a 404 or a server
+    error), in words naming `where`; None if it does. Written by hand: urllib's timeout bounds each socket
+    operation, not the whole request, and not name resolution."""
     outcome: list[str | None] = []
     silent = f"{where} did not answer within {timeout:.0f} s"
 
@@ -326,6 +333,9 @@ def build_loggers(plan: RunPlan, manifest: dict[str, Any] | None = None) -> list
         if name == "wandb":
             loggers.append(start_wandb_logger(spec, plan))
             continue
+        if name == "mlflow":
+            loggers.append(start_mlflow_logger(spec, plan))
+            continue
         if name == "tensorboard":
             require("tensorboard", "tensorboard", "logger=tensorboard")
         loggers.append(instantiate(spec))
@@ -335,6 +345,127 @@ def build_loggers(plan: RunPlan, manifest: dict[str, Any] | None = None) -> list
         if manifest and isinstance(logger, WandbLogger):
             logger.experiment.config.update({"manifest": redact(manifest)}, allow_val_change=True)
     return loggers
+
+
+# MLflow's client retries a request 7 times with backoff, each with a 120 s deadline: minutes of a job waiting
+# on a server that went away. These bound it unless the environment sets them.
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+MLFLOW_PROBE_S = 5.0
+MLFLOW_LOCAL = "mlflow"  # the run dir's own store: mlflow/mlflow.db and its artifacts beside it
+MLFLOW_RUN_DIR_TAG = "hydralight.run_dir"
+
+
+class MLflowRunLogger(MLFlowLogger):
+    """Lightning's MLFlowLogger, continuing a run's MLflow run across attempts: MLflow refuses to change a
+    logged param, so a continued run logs the params it did not have, and each changed value (a larger
+    `trainer.max_steps`) as a tag `changed/<param>`."""
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any] | Namespace) -> None:
+        from mlflow.entities import Param
+
+        flat = {
+            key: str(value)[:MLFLOW_PARAM_CHARS]
+            for key, value in _flattened(vars(params) if isinstance(params, Namespace) else params)
+        }
+        logged = self.experiment.get_run(self.run_id).data.params
+        new = [Param(key, value) for key, value in flat.items() if key not in logged]
+        for start in range(0, len(new), 100):  # MLflow takes at most 100 params a request
+            self.experiment.log_batch(run_id=self.run_id, params=new[start : start + 100])
+        for key, value in flat.items():
+            if key in logged and logged[key] != value:
+                self.experiment.set_tag(self.run_id, f"changed/{key}", value)
+
+
+# MLflow keeps a param's first 6,000 characters (250 in older servers): what Lightning's logger sends.
+MLFLOW_PARAM_CHARS = 250
+
+
+def _flattened(params: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """`{"config": {"optim": {"lr": 1}}}` as `("config/optim/lr", 1)`, as Lightning's loggers name params."""
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            yield from _flattened(value, f"{name}/")
+        else:
+            yield name, value
+
+
+def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan) -> Logger:
+    """The MLflow logger of `spec`: one MLflow run per job (tagged with its run dir, so a resumed or requeued job
+    continues it; a sweep's jobs tagged with the sweep), on the tracking server of `tracking_uri` or
+    MLFLOW_TRACKING_URI. A server that does not answer within 5 s, or none given, keeps the run in the run dir's
+    own `mlruns` store, said in one line."""
+    require("mlflow", "mlflow", "logger=mlflow")
+    from hydra.utils import instantiate
+
+    for name, value in MLFLOW_HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    run_dir = Path(plan.paths.run_dir).resolve()
+    store = run_dir / MLFLOW_LOCAL
+    local = f"sqlite:///{store / 'mlflow.db'}"  # MLflow 3 keeps a file store for old data only
+    uri = spec.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or local
+    if uri.startswith(("http://", "https://")) and is_rank_zero():
+        parts = urlsplit(uri)
+        where = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        health = urllib.request.Request(f"{uri.rstrip('/')}/health", headers={"User-Agent": "hydralight"})
+        if (failure := unanswered(health, where, MLFLOW_PROBE_S)) is not None:
+            print(
+                f"mlflow: {failure}; logging to {store} instead (view it with `mlflow ui --backend-store-uri {local}`)",
+                file=sys.stderr,
+                flush=True,
+            )
+            uri = local
+    hw, fw, paths = plan.hardware, plan.framework, plan.paths
+    tags = {
+        **(spec.get("tags") or {}),
+        MLFLOW_RUN_DIR_TAG: str(run_dir),
+        "hardware": f"{hw.num_nodes}x{hw.devices}{hw.accelerator}",
+        "strategy": fw.strategy,
+        "precision": fw.precision,
+        **({"sweep": str(Path(paths.sweep_dir).resolve())} if paths.sweep_dir else {}),
+        **{f"tag.{tag}": "true" for tag in plan.config.get("tags") or []},
+    }
+    settings = {
+        **spec,
+        "tracking_uri": uri,
+        "run_name": spec.get("run_name") or paths.job_name or run_dir.name,
+        "tags": tags,
+        "run_id": spec.get("run_id") or (_earlier_mlflow_run(uri, spec, run_dir) if is_rank_zero() else None),
+        # Where a new experiment of the run dir's own store keeps its artifacts (a server decides its own).
+        "artifact_location": spec.get("artifact_location")
+        or ((store / "artifacts").as_uri() if uri == local else None),
+        "_convert_": "all",
+    }
+    if uri == local and is_rank_zero():
+        store.mkdir(parents=True, exist_ok=True)
+    try:
+        logger = instantiate(redact(settings))  # the run's name comes from the command line: it may hold a secret
+        if is_rank_zero():
+            logger.experiment  # noqa: B018 (creates the experiment and starts the run)
+    except Exception as err:  # MLflow's own exception types
+        raise UserError(
+            f"mlflow could not start a run on {uri} ({_reason(err)}); check MLFLOW_TRACKING_URI, or unset it to "
+            f"keep the run in the run dir ({MLFLOW_LOCAL}/)"
+        ) from None
+    return logger
+
+
+def _earlier_mlflow_run(uri: str, spec: dict[str, Any], run_dir: Path) -> str | None:
+    """The MLflow run an earlier attempt of this run dir started (a resume, a requeue), if the store has one."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name(spec.get("experiment_name") or "hydralight")
+        if experiment is None:
+            return None
+        found = client.search_runs(
+            [experiment.experiment_id], filter_string=f"tags.`{MLFLOW_RUN_DIR_TAG}` = '{run_dir}'", max_results=1
+        )
+    except Exception:  # no store yet, or one that cannot be searched: a new run
+        return None
+    return found[0].info.run_id if found else None
 
 
 def start_wandb_logger(spec: dict[str, Any], plan: RunPlan) -> Logger:
