@@ -574,3 +574,35 @@ def test_a_real_sweep_over_seeds_reports_one_row_per_learning_rate(tiny_data, tm
     typo = report(sweep_dir, "--group-over", "sed")
     assert typo.returncode == 2 and typo.stderr.startswith("error: --group-over sed: no job of")
     assert len(typo.stderr.splitlines()) == 1 and (sweep_dir / "report.md").read_text() == before
+
+
+def test_runs_of_different_batch_sizes_line_up_on_samples_seen(tmp_path):
+    """A step of 128 samples is not a step of 32: with different global batches the curves are drawn against
+    the samples each run had seen, so equal amounts of data sit at one x."""
+    write_job(tmp_path, "0", ["batch.global_size=32"], plan=plan_of("hardware=cpu", "batch.global_size=32"),
+              steps=8, vals=[(3, 0.8), (7, 0.9)])  # fmt: skip
+    write_job(tmp_path, "1", ["batch.global_size=128"], plan=plan_of("hardware=cpu", "batch.global_size=128"),
+              steps=2, vals=[(1, 0.85)])  # fmt: skip
+    fig = curves_figure(jobs_of(tmp_path), ["batch.global_size"])
+    loss, acc = fig.axes[:2]
+    assert loss.get_xlabel() == acc.get_xlabel() == "samples seen"
+    assert [list(line.get_xdata()) for line in acc.lines] == [[128, 256], [256]]  # 8 steps of 32 = 2 of 128
+    assert list(loss.lines[1].get_xdata()) == [128, 256]
+    # One batch size: the optimizer step, as before.
+    same = tmp_path / "same"
+    write_job(same, "0", ["optim.lr=0.001"], steps=3, vals=[(2, 0.8)])
+    write_job(same, "1", ["optim.lr=0.01"], steps=3, vals=[(2, 0.9)])
+    assert curves_figure(jobs_of(same), ["optim.lr"]).axes[0].get_xlabel() == "optimizer step"
+
+
+def test_a_group_of_runs_validated_once_shows_its_spread_as_a_bar(tmp_path):
+    """Short runs validate once: the mean is one point, and its min-max band would have no width; a bar from
+    the lowest to the highest run shows the seeds' spread."""
+    for n, (lr, seed, acc) in enumerate([(0.001, 0, 0.80), (0.001, 1, 0.90), (0.01, 0, 0.70), (0.01, 1, 0.72)]):
+        write_job(tmp_path, str(n), [f"optim.lr={lr}", f"seed={seed}"], steps=5, vals=[(4, acc)])
+    groups = group_jobs(jobs_of(tmp_path), ["seed"])
+    fig = group_curves_figure(groups, ["optim.lr"], ["seed"])
+    acc = fig.axes[1]
+    bars = [c for c in acc.collections if c.get_segments()]
+    spans = sorted(sorted(y for _, y in bar.get_segments()[0]) for bar in bars)
+    assert spans == [pytest.approx([0.70, 0.72]), pytest.approx([0.80, 0.90])]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -79,6 +79,12 @@ class Job:
     @property
     def machine(self) -> dict[str, Any]:
         return self.outcome.manifest.get("machine") or {}
+
+    @property
+    def global_size(self) -> int | None:
+        """The global batch the job trained with, as its plan resolved it."""
+        size = (self.plan.get("task") or {}).get("global_size")
+        return size if isinstance(size, int) and not isinstance(size, bool) else None
 
     @property
     def world_size(self) -> int | None:
@@ -406,30 +412,42 @@ def heatmap_figure(
     return fig
 
 
+def x_axis(jobs: list[Job]) -> tuple[str, Callable[[Job, list[tuple[int, float]]], list[tuple[float, float]]]]:
+    """What the curves' x-axis counts: optimizer steps, or samples seen when the jobs trained with different
+    global batches (a step of 512 samples is not a step of 32), and how a job's points are placed on it."""
+    sizes = {job.global_size for job in jobs if job.train_loss or job.validation}
+    if len(sizes) > 1 and None not in sizes:
+        return "samples seen", lambda job, points: [((step + 1) * (job.global_size or 1), v) for step, v in points]
+    return "optimizer step", lambda job, points: [(float(step), v) for step, v in points]
+
+
 def curves_figure(jobs: list[Job], swept: list[str]) -> Figure:
-    """Training loss and the objective against the optimizer step, every logged point, one colour per job in
-    both panels; the legend beside them, values in 3 significant digits."""
+    """Training loss and the objective against the optimizer step (samples seen when the jobs' batches differ),
+    every logged point, one colour per job in both panels; the legend beside them, values in 3 significant
+    digits."""
     metric = jobs[0].metric if jobs else DEFAULT_OBJECTIVE[0]
     fig, (loss, valid) = plots.figure(12.5, 4.5, ncols=2)
     valid.sharex(loss)  # the same steps side by side, even for a run validated once
+    axis, placed = x_axis(jobs)
     drawn_any = []
     for job in jobs:
         if not (job.train_loss or job.validation):
             continue
         label = " ".join(f"{k}={plots.short(job.overrides.get(k))}" for k in swept) or f"job {job.name}"
         dots = "." if len(job.train_loss) < 30 else None  # few points: each one shown
-        line = loss.plot([s for s, _ in job.train_loss], [v for _, v in job.train_loss], marker=dots, label=label)
-        valid.plot([s for s, _ in job.validation], [v for _, v in job.validation], marker="o",
+        train, validation = placed(job, job.train_loss), placed(job, job.validation)
+        line = loss.plot([x for x, _ in train], [v for _, v in train], marker=dots, label=label)
+        valid.plot([x for x, _ in validation], [v for _, v in validation], marker="o",
                    color=line[0].get_color())  # fmt: skip
         drawn_any.append(line[0])
-    _finish_curves(fig, loss, valid, metric, [v for j in jobs for _, v in j.train_loss], drawn_any, "")
+    _finish_curves(fig, loss, valid, metric, [v for j in jobs for _, v in j.train_loss], drawn_any, "", axis)
     return fig
 
 
-def mean_band(runs: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
+def mean_band(runs: list[list[tuple[float, float]]]) -> tuple[list[float], list[float], list[float], list[float]]:
     """At each step any run logged: the mean, min and max over the runs that logged it (a run's last value
     at a step it logged twice)."""
-    by_step: dict[int, list[float]] = {}
+    by_step: dict[float, list[float]] = {}
     for points in runs:
         for step, value in dict(points).items():
             by_step.setdefault(step, []).append(value)
@@ -439,12 +457,14 @@ def mean_band(runs: list[list[tuple[int, float]]]) -> tuple[list[int], list[floa
 
 
 def group_curves_figure(groups: list[Group], shown: list[str], over: list[str]) -> Figure:
-    """Training loss and the objective against the optimizer step, one colour per group: the mean over its
-    finished jobs and a band from their min to their max (with a few seeds the range shows every run, where
-    a standard deviation would be a guess)."""
+    """Training loss and the objective against the optimizer step (samples seen when the groups' batches
+    differ), one colour per group: the mean over its finished jobs and a band from their min to their max (with
+    a few seeds the range shows every run, where a standard deviation would be a guess). A curve of one point
+    (runs validated once) is drawn as that point with a bar from min to max: a band of no width shows nothing."""
     metric = groups[0].jobs[0].metric if groups else DEFAULT_OBJECTIVE[0]
     fig, (loss, valid) = plots.figure(12.5, 4.5, ncols=2)
     valid.sharex(loss)
+    axis, placed = x_axis([j for g in groups for j in g.counted])
     drawn_any = []
     for number, group in enumerate(groups):
         runs = [j for j in group.counted if j.train_loss or j.validation]
@@ -453,10 +473,16 @@ def group_curves_figure(groups: list[Group], shown: list[str], over: list[str]) 
         label = " ".join(f"{k}={plots.short(group.overrides.get(k))}" for k in shown) or f"group {number + 1}"
         colour = f"C{number % 10}"
         for ax, series, marker in (
-            (loss, [j.train_loss for j in runs], "."),
-            (valid, [j.validation for j in runs], "o"),
+            (loss, [placed(j, j.train_loss) for j in runs], "."),
+            (valid, [placed(j, j.validation) for j in runs], "o"),
         ):
             steps, mean, low, high = mean_band(series)
+            if len(steps) == 1:
+                bar = ax.errorbar(steps, mean, yerr=[[mean[0] - low[0]], [high[0] - mean[0]]], fmt="o",
+                                  color=colour, capsize=5, label=f"{label} (n={len(runs)})")  # fmt: skip
+                if ax is loss:
+                    drawn_any.append(bar.lines[0])
+                continue
             shown_marker = marker if ax is valid or len(steps) < 30 else None  # few points: each one shown
             line = ax.plot(steps, mean, marker=shown_marker, color=colour, label=f"{label} (n={len(runs)})")
             ax.fill_between(steps, low, high, color=colour, alpha=0.2, linewidth=0)
@@ -464,18 +490,18 @@ def group_curves_figure(groups: list[Group], shown: list[str], over: list[str]) 
                 drawn_any.append(line[0])
     note = f": mean over {', '.join(over) or 'runs'}, band min-max"
     _finish_curves(fig, loss, valid, metric, [v for g in groups for j in g.counted for _, v in j.train_loss],
-                   drawn_any, note)  # fmt: skip
+                   drawn_any, note, axis)  # fmt: skip
     return fig
 
 
 def _finish_curves(fig: Figure, loss: Any, valid: Any, metric: str, losses: list[float], handles: list[Any],
-                   note: str) -> None:  # fmt: skip
+                   note: str, axis: str = "optimizer step") -> None:  # fmt: skip
     if plots.log_scale_fits(losses) and max(losses) >= 10 * min(losses):
         loss.set_yscale("log")  # losses that fall by orders of magnitude; a narrower range reads better linear
     for ax, name in ((loss, "training loss"), (valid, metric)):
-        ax.set_xlabel("optimizer step")
+        ax.set_xlabel(axis)
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-        ax.set_title(f"{name} per optimizer step{note}")
+        ax.set_title(f"{name} by {axis}{note}")
     if handles:
         fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
