@@ -53,3 +53,66 @@ def test_a_real_local_launch_gives_each_parallel_gpu_job_its_own_gpu(tiny_data, 
     jobs = [json.loads(p.read_text()) for p in seen.glob("*.json")]
     given = sorted(j["gpus"] for j in jobs)
     assert given == ["0", "1", "2", "3"], (jobs, launched.stdout[-2000:], launched.stderr[-2000:])
+
+
+def run_on_a_terminal(command: list[str], env: dict[str, str], timeout: float = 300) -> tuple[int, str]:
+    """Run `command` with its stdout and stderr on a pseudo-terminal (as in a shell): its exit code and what it
+    drew there."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import time
+
+    from conftest import ROOT
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=follower, stdout=follower, stderr=follower,
+                            start_new_session=True)  # fmt: skip
+    os.close(follower)
+    drawn, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed: the process has ended
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(leader)
+    return proc.wait(timeout=30), drawn.decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_a_sweep_waiting_on_a_terminal_draws_a_live_table_of_its_jobs_and_off_one_a_line_per_change(
+    tiny_data, tmp_path
+):
+    import os
+    import re
+    import sys
+
+    from conftest import HELPERS, ROOT, TINY, run_python
+
+    slow = ["+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.2"]
+    args = ["-m", "hydra/launcher=local", "cluster=local", "hardware.cpus_per_task=1", "hardware.mem_gb=1", *TINY,
+            "trainer.limit_train_batches=null", "trainer.val_check_interval=5", *slow, "seed=1,2"]  # fmt: skip
+    env = {**os.environ, "DATA_DIR": str(tiny_data), "PYTHONPATH": str(HELPERS), "COLUMNS": "120"}
+    code, drawn = run_on_a_terminal([sys.executable, str(ROOT / "train.py"), *args,
+                                     f"hydra.sweep.dir={tmp_path / 'tty'}"], env)  # fmt: skip
+    assert code == 0, drawn[-3000:]
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn)  # rich's colours and cursor moves
+    assert "sweep jobs" in drawn and re.search(r"job\s*┃\s*id\s*┃\s*state\s*┃\s*step\s*┃\s*val/acc", drawn), drawn[
+        -3000:
+    ]
+    assert re.search(r"#1\s*│\s*\d+\s*│\s*COMPLETED\s*│\s*\d+\s*│\s*[\d.]+", drawn), drawn[-3000:]
+    # Off a terminal: a line for each change of a job's state or of its last validation value.
+    off = run_python([sys.executable, str(ROOT / "train.py"), *args, f"hydra.sweep.dir={tmp_path / 'log'}"], env)
+    assert off.returncode == 0, off.stderr[-3000:]
+    said = off.stdout + off.stderr
+    assert "sweep jobs" not in said
+    assert re.search(r"#0 \(\d+\): RUNNING, at step \d+, val/acc=[\d.]+", said), said[-3000:]
+    assert re.search(r"#1 \(\d+\): COMPLETED, at step \d+, val/acc=[\d.]+", said), said[-3000:]

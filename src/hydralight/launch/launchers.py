@@ -10,6 +10,7 @@ What the stock launcher lacks, and this adds:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -85,22 +86,84 @@ def device_assignment(wanted: list[int], devices: list[int]) -> list[list[int]]:
     return found
 
 
-def _reached(job_dir: Path) -> str:
-    """`, at step N` of a job whose history has rows (its metrics.csv, read from the end), else nothing."""
+def job_progress(job_dir: Path, metric: str | None = None) -> tuple[int | None, float | None]:
+    """The step of a job's last history row and the last value of `metric` it logged (its metrics.csv, read
+    from the end); None for what it has not logged yet."""
     history = RunDir(job_dir).history
     try:
         with history.open("rb") as f:
-            f.seek(max(0, history.stat().st_size - 4096))
+            f.seek(max(0, history.stat().st_size - 16384))
             lines = f.read().decode(errors="replace").splitlines()
             f.seek(0)
             header = f.readline().decode(errors="replace").strip().split(",")
     except OSError:
-        return ""
+        return None, None
     if "step" not in header or len(lines) < 2:
-        return ""
-    last = lines[-1].split(",")
-    step = last[header.index("step")] if len(last) == len(header) else ""
-    return f", at step {step}" if step.isdigit() else ""
+        return None, None
+    rows = [cells for line in lines[1:] if len(cells := line.split(",")) == len(header)]
+    step_cell = rows[-1][header.index("step")] if rows else ""
+    value = None
+    if metric in header:
+        column = header.index(metric)
+        filled = [cells[column] for cells in rows if cells[column]]
+        with contextlib.suppress(ValueError, IndexError):
+            value = float(filled[-1])
+    return (int(step_cell) if step_cell.isdigit() else None), value
+
+
+def _reached(job_dir: Path, metric: str | None = None) -> str:
+    """`, at step N` (and `, val/acc=0.97` once it validated) of a job whose history has rows, else nothing."""
+    step, value = job_progress(job_dir, metric)
+    said = f", at step {step}" if step is not None else ""
+    return said + (f", {metric}={value:.4g}" if value is not None and metric else "")
+
+
+class _Board:
+    """Where a waiting sweep says how its jobs stand: on a terminal a live table (rich), redrawn as they change;
+    elsewhere (a log file, CI) a line per change of a job's state or last validation value."""
+
+    def __init__(self, names: list[str], metric: str | None) -> None:
+        import sys
+
+        self.names, self.metric = names, metric
+        self.rows: dict[int, tuple[str, str, int | None, float | None]] = {}
+        self.live = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.live import Live
+
+            self.live = Live(self._table(), console=Console(stderr=True), refresh_per_second=2, transient=False)
+            self.live.start()
+
+    def _table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title="sweep jobs", title_justify="left")
+        for column in ("job", "id", "state", "step", self.metric or "objective"):
+            table.add_column(column)
+        for i, (job_id, state, step, value) in sorted(self.rows.items()):
+            shown = "-" if value is None else f"{value:.4g}"
+            table.add_row(self.names[i], job_id, state, "-" if step is None else str(step), shown)
+        return table
+
+    def update(self, i: int, job_id: str, state: str, step: int | None, value: float | None) -> bool:
+        """Record job i's standing; True when it changed (and was said)."""
+        before = self.rows.get(i)
+        self.rows[i] = (job_id, state, step, value)
+        if self.live is not None:
+            self.live.update(self._table())
+            return before is None or before[1] != state or before[3] != value
+        if before is not None and (before[1], before[3]) == (state, value):
+            return False
+        where = (f", at step {step}" if step is not None else "") + (
+            f", {self.metric}={value:.4g}" if value is not None and self.metric else ""
+        )
+        log.info(f"{self.names[i]} ({job_id}): {state}{where}")
+        return True
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
 
 
 def _mark_ended(run_dir: RunDir, reason: str) -> None:
@@ -263,45 +326,48 @@ class PlannedLauncherMixin:
         return self._wait(jobs, sweep_dir, initial_job_idx)
 
     def _wait(self, jobs: list[Any], sweep_dir: Path, first: int) -> list[JobReturn]:
-        """Each job's result as it ends, in any order, saying each change of a job's state on its own line
-        (with the step it reached), and every `HEARTBEAT_S` where the jobs stand: a sweep never waits in
-        silence. A job that ended without a result (killed, cancelled, out of time) is marked so in its
-        manifest, which its own process could not do."""
+        """Each job's result as it ends, in any order, saying how each job stands as it changes (its state, the
+        step it reached, its last value of the objective: a live table on a terminal, a line per change
+        elsewhere), and every `HEARTBEAT_S` where the jobs stand: a sweep never waits in silence. A job that
+        ended without a result (killed, cancelled, out of time) is marked so in its manifest, which its own
+        process could not do."""
         results: dict[int, JobReturn] = {}
-        states: dict[int, str] = {}
+        metric = OmegaConf.select(self.config, "objective.metric") if self.config is not None else None
+        board = _Board([f"#{first + i}" for i in range(len(jobs))], metric)
         pending = set(range(len(jobs)))
         last_said = time.monotonic()
-        while pending:
-            for i in sorted(pending):
-                job, name = jobs[i], f"#{first + i}"
-                state = str(job.state)
-                if state != states.get(i) and state != "UNKNOWN":  # UNKNOWN: the scheduler has not said yet
-                    states[i] = state
-                    log.info(f"{name} ({job.job_id}): {state}{_reached(sweep_dir / str(first + i))}")
-                    last_said = time.monotonic()
-                if not job.done():
-                    continue
-                pending.discard(i)
-                try:
-                    results[i] = job.results()[0]
-                    # done() sees the result file before the scheduler's accounting says COMPLETED.
-                    if states.get(i) != "COMPLETED":
-                        log.info(f"{name} ({job.job_id}): COMPLETED{_reached(sweep_dir / str(first + i))}")
-                except Exception as err:  # killed, cancelled, out of time, crashed: the others still count
-                    reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
-                    log.error(f"{name}: {self._EXECUTOR} job {job.job_id} ended {job.state}: {reason}")
-                    _mark_ended(
-                        RunDir(sweep_dir / str(first + i)),
-                        f"{self._EXECUTOR} job {job.job_id} ended {job.state}: {reason}",
+        try:
+            while pending:
+                for i in sorted(pending):
+                    job, name, job_dir = jobs[i], f"#{first + i}", sweep_dir / str(first + i)
+                    state = str(job.state)
+                    done = job.done()
+                    if done:
+                        try:
+                            results[i] = job.results()[0]
+                            state = "COMPLETED"  # done() sees the result file before SLURM's accounting
+                        except Exception as err:  # killed, cancelled, out of time, crashed: the others still count
+                            reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
+                            log.error(f"{name}: {self._EXECUTOR} job {job.job_id} ended {job.state}: {reason}")
+                            _mark_ended(
+                                RunDir(job_dir), f"{self._EXECUTOR} job {job.job_id} ended {job.state}: {reason}"
+                            )
+                            state = str(job.state)
+                        finally:
+                            self._forget_pickles(job)
+                        pending.discard(i)
+                    if state != "UNKNOWN" and board.update(i, str(job.job_id), state, *job_progress(job_dir, metric)):
+                        last_said = time.monotonic()  # UNKNOWN: the scheduler has not said yet
+                if pending and board.live is None and time.monotonic() - last_said >= HEARTBEAT_S:
+                    running = ", ".join(
+                        f"#{first + i}{_reached(sweep_dir / str(first + i), metric)}" for i in sorted(pending)
                     )
-                finally:
-                    self._forget_pickles(job)
-            if pending and time.monotonic() - last_said >= HEARTBEAT_S:
-                running = ", ".join(f"#{first + i}{_reached(sweep_dir / str(first + i))}" for i in sorted(pending))
-                log.info(f"{len(jobs) - len(pending)} of {len(jobs)} job(s) ended; waiting for {running}")
-                last_said = time.monotonic()
-            if pending:
-                time.sleep(POLL_S)
+                    log.info(f"{len(jobs) - len(pending)} of {len(jobs)} job(s) ended; waiting for {running}")
+                    last_said = time.monotonic()
+                if pending:
+                    time.sleep(POLL_S)
+        finally:
+            board.close()
         return [results[i] for i in sorted(results)]
 
     @staticmethod
