@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from omegaconf import DictConfig
 
 from hydralight import lightning_namespaces
 from hydralight.config.compose import Invocation, compose_jobs, mode_known, reach_module_arguments
+from hydralight.config.folders import SHIPPED_CONF
 from hydralight.config.plan import Machine, RunPlan
 from hydralight.config.resolve import JobInfo
 from hydralight.config.schema import register
@@ -30,11 +30,9 @@ from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable,
 register()
 # A user's `lightning.pytorch` module, data module or callback is built on the classes this Trainer runs.
 lightning_namespaces.install()
-# ./conf holds your own options when you have any; without one there is nothing to warn about.
-warnings.filterwarnings("ignore", message="provider=hydra.searchpath in main, path=conf is not available")
 
-# The configs ship inside the package, so an installed (non-editable) copy finds them too.
-CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
+# conf/ of the repository, inside the package too, so an installed (non-editable) copy finds them.
+CONFIG_DIR = str(SHIPPED_CONF)
 # The run dir `cli` claimed and locked before Hydra wrote its record there (a named dir of a single run), and
 # that record (folder, files) as it was: a refused run puts it back.
 _claimed_before_hydra: Claim | None = None

@@ -3,7 +3,6 @@ launchers' logic lives in `hydralight.launch.launchers`. Kept light: Hydra impor
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
 from hydra.core.config_search_path import ConfigSearchPath
@@ -12,6 +11,7 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
 
 from hydralight.config.compose import jobs_to_check, sweep_checked
+from hydralight.config.folders import user_conf
 from hydralight.launch.launchers import HydralightLocalConf, HydralightSlurmConf, PlannedLauncherMixin
 
 
@@ -58,6 +58,5 @@ class UserConfigs(SearchPathPlugin):
     the option lists behind `glob(...)`, which read no `hydra.searchpath` of the primary config."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        user = Path("conf")
-        if user.is_dir():
+        if (user := user_conf()) is not None:
             search_path.append(provider="hydralight-user", path=f"file://{user.resolve()}")

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hydralight.config.folders import user_conf
 from hydralight.config.schema import planned_trainer_key, template_key
 from hydralight.errors import UserError
 from hydralight.rundir.launch import check_writable, shared_run_overrides
@@ -211,10 +212,11 @@ def _quoted(key: str, value: str) -> str:
     return '"' + override.replace('"', '\\"') + '"'
 
 
-def shadowed_options(config_dir: str, user: Path = Path("conf")) -> list[str]:
+def shadowed_options(config_dir: str, user: Path | None = None) -> list[str]:
     """Options of `./conf` that a shipped option of the same group and name hides: Hydra takes the package's
     first, so such a file is never used (a user's `conf/data/mnist.yaml`)."""
-    if not user.is_dir():
+    user = user if user is not None else user_conf()
+    if user is None or not user.is_dir():
         return []
     return [
         f"{path} is not used: the shipped option {path.parent.relative_to(user).as_posix()}={path.stem} comes "

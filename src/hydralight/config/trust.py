@@ -19,11 +19,9 @@ from typing import Any
 
 import yaml
 
+from hydralight.config.folders import SHIPPED_CONF, user_conf
 from hydralight.errors import UserError
 
-# The package's own option folder and the user's, as `hydra.searchpath` in conf/train.yaml names it.
-SHIPPED_CONF = Path(__file__).resolve().parents[1] / "conf"
-USER_CONF = Path("conf")
 # Base classes whose constructors build parameters and buffers only: a file may name their subclasses that
 # torch, torchvision and this project ship.
 SAFE_BASES = frozenset(
@@ -71,10 +69,12 @@ def _shipped_targets() -> frozenset[str]:
     return _targets_in_folder(SHIPPED_CONF)  # read once: the package's options do not change while it runs
 
 
-def configured_targets(config: Any = None, folders: Iterable[Path] = (SHIPPED_CONF, USER_CONF)) -> set[str]:
+def configured_targets(config: Any = None, folders: Iterable[Path] | None = None) -> set[str]:
     """The targets the user's own configs name: those of `config` (this run's, composed from the command line)
-    and of every option in `folders`."""
+    and of every option in `folders` (the shipped ones and ./conf's)."""
     names = {str(t) for _, t in targets(config)} if config is not None else set()
+    if folders is None:
+        folders = [SHIPPED_CONF, *filter(None, [user_conf()])]
     for folder in folders:
         if folder == SHIPPED_CONF:
             names |= _shipped_targets()
