@@ -20,7 +20,11 @@ def demo_project(folder):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("processes", [[], ["hardware.devices=2", "strategy=ddp"]], ids=["1", "ddp"])
+@pytest.mark.parametrize(
+    "processes",
+    [[], ["hardware.devices=2", "strategy=ddp"], ["hardware.devices=2", "strategy=ddp_spawn"]],
+    ids=["1", "ddp", "ddp_spawn"],  # ddp_spawn: its test stage loads last.ckpt (there is no best by an objective)
+)
 def test_a_validation_that_logs_nothing_trains_without_an_objective(processes, tmp_path):
     run = tmp_path / "run"
     done = run_cli([*BORING, *processes], run, cwd=demo_project(tmp_path), PYTHONPATH=str(HELPERS))

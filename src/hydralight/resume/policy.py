@@ -224,6 +224,8 @@ class Resume:
         if self.decision.mode == "eval":
             return self.decision.ckpt_path
         best = getattr(trainer.checkpoint_callback, "best_model_path", None) or None
+        if best is not None and not Path(best).exists():
+            best = None  # ddp_spawn hands a rank's missing best path back to the main process as "None"
         last = RunDir.at(self.plan.paths.run_dir).last
         return best if best is not None or not last.is_file() else str(last)
 

@@ -36,14 +36,33 @@ def apply_extras(config: dict) -> None:
         say("config:\n" + yaml.safe_dump(config, sort_keys=False).rstrip())
 
 
+# The job's log file, for the processes it spawns (ddp_spawn ranks), where no Hydra job set up logging.
+JOB_LOG_ENV = "HYDRALIGHT_JOB_LOG"
+
+
 def say(text: str) -> None:
     """One line of the run for its reader: through logging, so that the run dir's log file holds what the
-    console showed (the job's logging prints the message alone and files it with its time); printed as it is
-    where logging is not set up (a process no Hydra job configured, such as a ddp_spawn rank)."""
+    console showed (the job's logging prints the message alone and files it with its time); where logging is
+    not set up (a ddp_spawn rank) printed as it is, and added to the job's log file the same way."""
     if logging.getLogger().handlers and _console.isEnabledFor(logging.INFO):
         _console.info(text)
+        return
+    print(text, flush=True)
+    if path := os.environ.get(JOB_LOG_ENV):
+        from datetime import datetime
+
+        stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+        with contextlib.suppress(OSError), open(path, "a") as log_file:
+            log_file.write(f"[{stamp}][{_console.name}][INFO] - {text}\n")
+
+
+def share_job_log() -> None:
+    """Name this job's log file (the file handler Hydra's job logging opened) for the ranks it spawns."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    if files:
+        os.environ[JOB_LOG_ENV] = files[0].baseFilename
     else:
-        print(text, flush=True)
+        os.environ.pop(JOB_LOG_ENV, None)
 
 
 # Start of each message left out; the plan line says what runs where, the progress lines say where it stopped.
@@ -94,7 +113,9 @@ _BANNERS = _Banners()
 
 
 def quiet_framework() -> None:
-    """Keep Lightning's banners and tips out of this process's output (idempotent)."""
+    """Keep Lightning's banners and tips out of this process's output (idempotent); name the job's log file
+    for the ranks it may spawn."""
+    share_job_log()
     for name in LOGGERS:
         logger = logging.getLogger(name)
         if _BANNERS not in logger.filters:

@@ -17,6 +17,7 @@ import torch
 from pytorch_lightning.utilities.data import extract_batch_size
 
 from hydralight.errors import UserError
+from hydralight.training.console import say
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class ObjectiveLogged(pl.Callback):
             if getattr(callback, "monitor", None) == self.metric:
                 trainer.callbacks.remove(callback)  # type: ignore[attr-defined]  # the connector's list
         if trainer.is_global_zero:
-            log.info(
+            say(  # a console line, also from a ddp_spawn rank (where no logging is set up)
                 f"no objective: {type(pl_module).__name__}'s validation logs nothing, so objective.metric="
                 f"{self.metric} is never measured and the run's checkpoint is last.ckpt; log it in validation_step "
                 "(self.log), or skip validation with trainer.limit_val_batches=0"
