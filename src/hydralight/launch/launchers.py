@@ -111,11 +111,15 @@ def job_progress(job_dir: Path, metric: str | None = None) -> tuple[int | None, 
     return (int(step_cell) if step_cell.isdigit() else None), value
 
 
-def _reached(job_dir: Path, metric: str | None = None) -> str:
-    """`, at step N` (and `, val/acc=0.97` once it validated) of a job whose history has rows, else nothing."""
-    step, value = job_progress(job_dir, metric)
+def _standing(step: int | None, value: float | None, metric: str | None) -> str:
+    """`, at step N` (and `, val/acc=0.97` once it validated), or nothing for what is not known yet."""
     said = f", at step {step}" if step is not None else ""
     return said + (f", {metric}={value:.4g}" if value is not None and metric else "")
+
+
+def _reached(job_dir: Path, metric: str | None = None) -> str:
+    """How far a job got, from its history (`_standing`)."""
+    return _standing(*job_progress(job_dir, metric), metric)
 
 
 class _Board:
@@ -155,10 +159,7 @@ class _Board:
             return before is None or before[1] != state or before[3] != value
         if before is not None and (before[1], before[3]) == (state, value):
             return False
-        where = (f", at step {step}" if step is not None else "") + (
-            f", {self.metric}={value:.4g}" if value is not None and self.metric else ""
-        )
-        log.info(f"{self.names[i]} ({job_id}): {state}{where}")
+        log.info(f"{self.names[i]} ({job_id}): {state}{_standing(step, value, self.metric)}")
         return True
 
     def close(self) -> None:
