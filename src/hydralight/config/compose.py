@@ -280,10 +280,11 @@ def compose_jobs(
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         checked = list(enumerate(jobs))
         groups: frozenset[str] = frozenset()
+        first: DictConfig | None = None  # job 0's config, when it was composed to learn the groups
         if invocation.multirun:
             jobs = _sweep_jobs(invocation, overrides)
             if len(jobs) > CHECKED_UPFRONT:
-                groups = _group_names(config_name, jobs[0])
+                first, groups = _group_names(config_name, jobs[0])
             checked = jobs_to_check(jobs, groups)
             if len(checked) < len(jobs):  # said at once, with what is checked when
                 print(
@@ -300,7 +301,11 @@ def compose_jobs(
         for number, job in checked:
             prefix = f"sweep job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
             try:
-                cfg = compose(config_name=config_name, overrides=job, return_hydra_config=True)
+                cfg = (
+                    first
+                    if number == 0 and first is not None
+                    else compose(config_name=config_name, overrides=job, return_hydra_config=True)
+                )
             except Exception as err:
                 raise UserError(prefix + explain(err, job)) from None
             if hydra_modes is not None:
@@ -334,15 +339,16 @@ def compose_jobs(
     return configs
 
 
-def _group_names(config_name: str, job: list[str]) -> frozenset[str]:
-    """The config groups of the run's config (model, data, hydra/launcher, ...), as a job composes them."""
+def _group_names(config_name: str, job: list[str]) -> tuple[DictConfig | None, frozenset[str]]:
+    """The job's config and the config groups it is composed of (model, data, hydra/launcher, ...); no config
+    when it does not compose (its own composition says why, in its line)."""
     from hydra import compose
 
     try:
         cfg = compose(config_name=config_name, overrides=job, return_hydra_config=True)
-    except Exception:  # the job's own composition says what is wrong, in its line
-        return frozenset()
-    return frozenset(str(name) for name in cfg.hydra.runtime.choices)
+    except Exception:
+        return None, frozenset()
+    return cfg, frozenset(str(name) for name in cfg.hydra.runtime.choices)
 
 
 # A sweep of up to this many jobs has every job's config checked before the first starts. A larger one has

@@ -90,12 +90,16 @@ def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
             f"{key}={path} holds {entry.relative_to(path)}, a link to {target} outside the run dir, which the run "
             "would write through; nothing was written. Remove the link (a run writes only inside its run dir)"
         )
-    found = foreign_entries(path, hydra_wrote)
+    _refuse_foreign(key, path, foreign_entries(path, hydra_wrote), "a run dir of this project, to continue its run")
+
+
+def _refuse_foreign(key: str, path: Path, found: list[str], ours: str) -> None:
+    """The one line that refuses a folder holding files the project did not write (`found`), if any."""
     if found:
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         raise UserError(
             f"{key}={path} already holds files this project did not write ({shown}); nothing was written there. "
-            f"Give a new or an empty folder (or a run dir of this project, to continue its run)"
+            f"Give a new or an empty folder (or {ours})"
         )
 
 
@@ -114,12 +118,7 @@ def check_sweep_usable(path: Path, key: str = "hydra.sweep.dir") -> None:
         and not name.endswith(".png")
         and not ((path / name).is_dir() and not (path / name).is_symlink() and is_project_dir(path / name))
     ]
-    if found:
-        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        raise UserError(
-            f"{key}={path} already holds files this project did not write ({shown}); nothing was written there. "
-            "Give a new or an empty folder (or a sweep dir of this project, to continue its sweep)"
-        )
+    _refuse_foreign(key, path, found, "a sweep dir of this project, to continue its sweep")
 
 
 def claim_sweep_dir(path: Path, key: str = "hydra.sweep.dir") -> None:
