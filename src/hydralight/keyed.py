@@ -104,7 +104,7 @@ class SampleDropout(nn.Module):
 _DROPOUTS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
 
 
-def with_sample_dropout(net: nn.Module) -> nn.Module:
+def with_sample_dropout(module: nn.Module) -> nn.Module:
     """Replace torch's dropout layers (nn.Dropout, nn.Dropout1d/2d/3d) by SampleDropout, each with its own
     stream; the weights are untouched (dropout has none), so checkpoints load either way."""
     stream = 0
@@ -119,8 +119,8 @@ def with_sample_dropout(net: nn.Module) -> nn.Module:
             else:
                 convert(child)
 
-    convert(net)
-    return net
+    convert(module)
+    return module
 
 
 def keyed_shift(x: torch.Tensor, keys: torch.Tensor, max_shift: int, fill: float) -> torch.Tensor:
@@ -185,15 +185,15 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
-def with_global_batchnorm(net: nn.Module) -> nn.Module:
+def with_global_batchnorm(module: nn.Module) -> nn.Module:
     """Replace BatchNorm1d/2d/3d layers by GlobalBatchNorm, keeping their parameters and statistics."""
-    for name, child in net.named_children():
+    for name, child in module.named_children():
         if isinstance(child, _BATCHNORMS) and type(child) in _BATCHNORMS:  # as for dropout: not subclasses
             replacement = GlobalBatchNorm(
                 child.num_features, child.eps, child.momentum, child.affine, child.track_running_stats
             )
             replacement.load_state_dict(child.state_dict())
-            setattr(net, name, replacement.to(next(child.parameters(), torch.empty(0)).device))
+            setattr(module, name, replacement.to(next(child.parameters(), torch.empty(0)).device))
         else:
             with_global_batchnorm(child)
-    return net
+    return module

@@ -22,12 +22,15 @@ from hydralight.config.folders import SHIPPED_CONF
 from hydralight.config.plan import Machine, RunPlan
 from hydralight.config.resolve import JobInfo
 from hydralight.config.schema import register
+from hydralight.data.options import SCHEMAS as DATA_SCHEMAS
 from hydralight.errors import UserError, exit_on_user_error
 from hydralight.rundir.launch import check_rank_variables, is_rank_zero
 from hydralight.rundir.lock import RunDirLock
 from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable, claim_sweep_dir
+from hydralight.tasks.options import SCHEMAS as MODEL_SCHEMAS
 
-register()
+# The typed configs the shipped model and data options extend.
+register({**MODEL_SCHEMAS, **DATA_SCHEMAS})
 # A user's `lightning.pytorch` module, data module or callback is built on the classes this Trainer runs.
 lightning_namespaces.install()
 

@@ -75,7 +75,7 @@ def bind(
 ) -> dict[str, Any]:
     """The offered values `target` takes (those its config sets itself are left to it).
 
-    `key`: where the spec sits in the config (`model`, `model.net`, `data`), for messages. `explicit`: offered
+    `key`: where the spec sits in the config (`model`, `model.<key>`, `data`), for messages. `explicit`: offered
     values the user set (value name -> the override that set it), refused when not taken. `through_kwargs`: offered values
     passed to a target that takes **kwargs without naming them (torchvision's model builders pass
     `num_classes` on). `origin`: how the spec came to be, named when one of its arguments is refused (a

@@ -214,7 +214,7 @@ def _quoted(key: str, value: str) -> str:
 
 def shadowed_options(config_dir: str, user: Path | None = None) -> list[str]:
     """Options of `./conf` that a shipped option of the same group and name hides: Hydra takes the package's
-    first, so such a file is never used (a user's `conf/data/mnist.yaml`)."""
+    first, so such a file is never used (a user's `conf/data/<a shipped name>.yaml`)."""
     user = user if user is not None else user_conf()
     if user is None or not user.is_dir():
         return []
@@ -244,7 +244,8 @@ def reach_module_arguments(config_dir: str, config_name: str, invocation: Invoca
     except Exception:  # compose_jobs says what is wrong with the command line
         return invocation
     missing = {a for a in given if a.split("=", 1)[0].split(".")[1] not in model}
-    if not missing or "_target_" not in model or "net" in model:  # the classifier's arguments are all listed
+    # A typed model config (a shipped option's schema) lists every argument its module takes.
+    if not missing or "_target_" not in model or OmegaConf.get_type(model) not in (dict, None):
         return invocation
     try:
         names, _ = accepted_arguments(import_target(str(model["_target_"]), "model._target_"))

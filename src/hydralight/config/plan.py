@@ -99,7 +99,7 @@ class TaskPlan:
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """The LightningModule to train (the built-in classifier is one): `spec` is its `_target_` and its own
+    """The LightningModule to train (a built-in one or your own): `spec` is its `_target_` and its own
     arguments; `offered` the plan's values its constructor gets when it names them."""
 
     spec: dict[str, Any]

@@ -20,7 +20,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from hydralight.config.capacity import check_capacity
-from hydralight.config.legacy import upgraded
+from hydralight.config.declaration import ModuleDeclaration
 from hydralight.config.plan import (
     DataPlan,
     FrameworkPlan,
@@ -40,11 +40,10 @@ from hydralight.rundir.launch import external_launcher
 from hydralight.rundir.layout import RunDir, not_a_checkpoint_file
 from hydralight.rundir.record import read_json, read_yaml_record
 
-CLASSIFIER = "hydralight.tasks.classifier.Classifier"
 # The project's options of any module, applied by the core (hydralight.keyed), never passed to a constructor.
 MODULE_OPTIONS = ("invariant_dropout", "sync_batchnorm")
-# Values the plan decides for a module, and where a user sets them instead of in `model.*`. (An optimizer or
-# schedule in a module's own config is its own: `optim.optimizer` and `optim.scheduler` are the classifier's.)
+# Values the plan decides for a module, and where a user sets them instead of in `model.*` (a module of your own
+# may keep its own learning rate, unless it says `lr_from_plan = True`).
 MODEL_OWNED = {"lr": "optim.lr", "seed": "seed"}
 # check_val_every_n_epoch=null: validate every `val_check_interval` steps, counted across epochs.
 NULL_IS_A_SETTING = ("check_val_every_n_epoch",)
@@ -128,7 +127,7 @@ def _check_starting_points(c: DictConfig) -> None:
 def _check_top_level(c: DictConfig) -> None:
     check_objective(str(c.objective.metric))
     if c.extras.enforce_tags and not c.tags:
-        raise UserError("extras.enforce_tags=true and the run has no tags: give it some, e.g. 'tags=[mnist,baseline]'")
+        raise UserError("extras.enforce_tags=true and the run has no tags: give it some, e.g. 'tags=[baseline,v2]'")
     seed = c.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise UserError(f"seed={seed} must be an integer from 0 to 2**32-1; use e.g. seed=42")
@@ -213,7 +212,7 @@ def _check_ranges(c: DictConfig) -> None:
             f"trainer.max_time={budget} is not a duration: use DD:HH:MM:SS (trainer.max_time=00:12:00:00) or "
             "amounts such as trainer.max_time={hours:12,minutes:30}"
         )
-    data, model = c.get("data") or {}, c.get("model") or {}
+    data = c.get("data") or {}
     for key in ("max_shift", "val_size"):
         value = data.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
@@ -223,9 +222,6 @@ def _check_ranges(c: DictConfig) -> None:
         value = optimizer.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
             raise UserError(f"optim.optimizer.{key}={value} is out of range: use a number >= 0")
-    smoothing = model.get("label_smoothing")
-    if isinstance(smoothing, int | float) and not 0.0 <= smoothing < 1.0:
-        raise UserError(f"model.label_smoothing={smoothing} is out of range: use a number from 0.0 up to (not) 1.0")
     for key in ("data_dir", "cache_dir"):
         where = data.get(key)
         if isinstance(where, str) and Path(where).expanduser().exists() and not Path(where).expanduser().is_dir():
@@ -427,25 +423,29 @@ def _override_key(item: str | None) -> str | None:
     return None if item is None else item.split("=", 1)[0].lstrip("+~")
 
 
+def _plain(node: Any) -> dict[str, Any]:
+    """A config node as a plain dict (none: empty)."""
+    value = OmegaConf.to_container(node) if node is not None else {}
+    assert isinstance(value, dict)  # the nodes read here are mappings by their schema
+    return {str(k): v for k, v in value.items()}
+
+
 def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
-    spec = upgraded(OmegaConf.to_container(c.get("model") or OmegaConf.create({})))
+    spec = _plain(c.get("model"))
     if "_target_" not in spec:
-        if "net" not in spec:
-            raise UserError(
-                "the model has no _target_: pick a model option (model=cnn, ...), or name your LightningModule "
-                "with model._target_=my_package.MyModule"
-            )
-        # A network for the built-in classifier, configured before models had a target; it builds the network.
-        spec.update(_target_=CLASSIFIER, _recursive_=False)
+        raise UserError(
+            "the model has no _target_: pick a model option (model=cnn, ...), or name your LightningModule "
+            "with model._target_=my_package.MyModule"
+        )
     options = {key: spec.pop(key) for key in MODULE_OPTIONS if key in spec}
-    builtin = spec["_target_"] == CLASSIFIER
+    declared = ModuleDeclaration.of(spec)
+    declared.check(spec)
     for key, owner in MODEL_OWNED.items():
-        # A module of your own may set its own learning rate in its config (model.lr); the classifier's is optim.lr.
-        if key in spec and (builtin or key != "lr"):
+        if key in spec and (key != "lr" or declared.lr_from_plan):
             raise UserError(set_by_plan(f"model.{key}", owner))
     optim = c.optim
     offered: dict[str, Any] = {"seed": int(c.seed)}
-    if builtin or _lr_chosen(c, job) or _lr_required(spec):
+    if declared.lr_from_plan or declared.lr_required or _lr_chosen(c, job):
         offered["lr"] = task.lr  # else a module's own default learning rate stands
     for key in ("optimizer", "scheduler"):
         if optim.get(key) is not None:
@@ -458,7 +458,8 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
         item = _overridden(job, *keys, groups=groups)
         if item is not None and (value != "scheduler" or "scheduler" in offered):
             explicit[value] = item
-    replaced = _override_key(_overridden(job, "model._target_", "model.net._target_"))
+    nested = [f"model.{key}._target_" for key, value in spec.items() if isinstance(value, dict) and "_target_" in value]
+    replaced = _override_key(_overridden(job, "model._target_", *nested))
     if replaced == "model._target_":
         spec = _without_the_replaced_options_arguments(spec, job)
     return ModelPlan(
@@ -485,23 +486,9 @@ def _lr_chosen(c: DictConfig, job: JobInfo) -> bool:
     return c.optim.get("lr") != own.get("lr") or c.optim.get("lr_scaling", "none") != own.get("lr_scaling", "none")
 
 
-def _lr_required(spec: dict[str, Any]) -> bool:
-    """Whether the module's constructor takes `lr` without a default of its own (it must be given one)."""
-    import inspect
-
-    from hydralight.config.binding import import_target
-
-    try:
-        target = import_target(str(spec["_target_"]), "model._target_")
-        parameter = inspect.signature(target).parameters.get("lr")
-    except (UserError, TypeError, ValueError):  # not importable here (a plan made elsewhere): said when it is built
-        return False
-    return parameter is not None and parameter.default is inspect.Parameter.empty
-
-
 def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo) -> dict[str, Any]:
     """`model._target_=my.Module` on the command line: the arguments the model option set for the module it
-    named (the built-in classifier's `net`, `_recursive_: false`) that the new module does not take are left
+    named (a network, `_recursive_: false`) that the new module does not take are left
     out; those given on the command line stay, and are checked against its constructor."""
     from hydralight.config.binding import accepted_arguments, import_target
 
@@ -510,15 +497,17 @@ def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo) 
     names, takes_any = accepted_arguments(import_target(str(spec["_target_"]), "model._target_"))
     if takes_any:
         return spec
-    # `_recursive_: false` was the classifier's (it builds its network itself); other modules get theirs built.
+    # `_recursive_: false` was the replaced module's (it built its nested targets itself); others get theirs built.
     unused = [k for k in spec if k not in given and k != "_target_" and (k == "_recursive_" or k not in names)]
     return {k: v for k, v in spec.items() if k not in unused}
 
 
 def _data(c: DictConfig, task: TaskPlan) -> DataPlan:
-    spec = upgraded(OmegaConf.to_container(c.get("data") or OmegaConf.create({})))
+    spec = _plain(c.get("data"))
     if "_target_" not in spec:
-        raise UserError("the data has no _target_: pick a data option (data=mnist, ...) or set data._target_=...")
+        raise UserError(
+            "the data has no _target_: pick a data option (data=<name>; --help lists them) or set data._target_=..."
+        )
     offered = {
         "global_size": task.global_size,
         "batch_size": task.per_device_size,
@@ -566,7 +555,7 @@ def _specs(group: Any) -> dict[str, dict[str, Any]]:
     """The `_target_` specs of a group of named objects (callbacks, loggers); a null entry is switched off."""
     if not group:
         return {}
-    return {str(name): upgraded(OmegaConf.to_container(spec)) for name, spec in group.items() if spec is not None}
+    return {str(name): OmegaConf.to_container(spec) for name, spec in group.items() if spec is not None}  # type: ignore[misc]
 
 
 # -- what the run starts from -------------------------------------------------------------------------
@@ -584,7 +573,7 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
             f"resume={config['resume']} is not the dir of an earlier run (no config.yaml there); "
             "pass a run dir (outputs/<date>/<time>), or use resume=auto / resume=never"
         )
-    saved = upgraded(read_yaml_record(earlier.config, f"resume={config['resume']}"))
+    saved = read_yaml_record(earlier.config, f"resume={config['resume']}")
     # Its config is data: the classes it names are built only when this command's configs name them too.
     check_trusted(saved, configured_targets(config), f"resume={earlier.path} (its config.yaml)")
     now, then = OmegaConf.create(config), OmegaConf.create(saved)
@@ -725,7 +714,7 @@ def finished_result(config: dict[str, Any], run_dir: str) -> dict[str, Any] | No
         return None
     if (read_json(files.manifest) or {}).get("status") != "finished":
         return None
-    if upgraded(read_yaml_record(files.config, "this run dir")) != upgraded(config):
+    if read_yaml_record(files.config, "this run dir") != config:
         return None
     return read_json(files.results)
 

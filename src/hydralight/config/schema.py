@@ -8,6 +8,7 @@ Checks that need arithmetic (divisibility, what the machine has) stay in the pla
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -25,7 +26,7 @@ class Choice(str, Enum):
         return format(self.value, spec)
 
 
-def _choice(name: str, values: tuple[str, ...]) -> type[Choice]:
+def choice(name: str, values: tuple[str, ...]) -> type[Choice]:
     # The functional API accepts values such as "bf16-mixed" that are not Python names.
     return Choice(name, [(v, v) for v in values])  # type: ignore[call-overload]
 
@@ -35,17 +36,13 @@ STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp")
 CHECKPOINT_FORMS = ("full", "sharded")
 LR_SCALING = ("none", "linear", "sqrt")
 
-Mode = _choice("Mode", ("train", "eval", "predict"))
-Direction = _choice("Direction", ("max", "min"))
-Accelerator = _choice("Accelerator", ("auto", "cpu", "gpu", "cuda"))
-StrategyName = _choice("StrategyName", STRATEGIES)
-CheckpointForm = _choice("CheckpointForm", CHECKPOINT_FORMS)
-Precision = _choice("Precision", PRECISIONS)
-LrScaling = _choice("LrScaling", LR_SCALING)
-Loader = _choice("Loader", ("tensor", "torchvision"))
-FolderLoader = _choice("FolderLoader", ("auto", "tensor", "torchvision"))
-ImageMode = _choice("ImageMode", ("L", "LA", "RGB", "RGBA"))
-CompileMode = _choice("CompileMode", ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+Mode = choice("Mode", ("train", "eval", "predict"))
+Direction = choice("Direction", ("max", "min"))
+Accelerator = choice("Accelerator", ("auto", "cpu", "gpu", "cuda"))
+StrategyName = choice("StrategyName", STRATEGIES)
+CheckpointForm = choice("CheckpointForm", CHECKPOINT_FORMS)
+Precision = choice("Precision", PRECISIONS)
+LrScaling = choice("LrScaling", LR_SCALING)
 
 # Trainer arguments that other groups own: one place to set each.
 PLANNED = {
@@ -68,7 +65,7 @@ def set_by_plan(key: str, owner: str) -> str:
     return f"{key} is set by the plan; set {owner} instead"
 
 
-# Values the plan gives the built-in classifier, whose typed model config has no key for them.
+# Values the plan gives a module, refused where a typed model config has no key for them.
 PLANNED_MODEL = {"model.lr": "optim.lr", "model.seed": "seed"}
 
 
@@ -100,7 +97,7 @@ def template_key(key: str) -> str | None:
 
 
 def planned_trainer_key(key: str) -> str | None:
-    """The refusal of `trainer.<key>` (or the classifier's `model.lr`) when the plan owns it, else None."""
+    """The refusal of `trainer.<key>` (or a typed model config's `model.lr`) when the plan owns it, else None."""
     if key in PLANNED_MODEL:
         return set_by_plan(key, PLANNED_MODEL[key])
     short = key.removeprefix("trainer.")
@@ -150,43 +147,12 @@ class OptimConf:
 
 
 @dataclass
-class ModelConf:
-    """The built-in classifier's options (model=cnn, mlp, fastcnn, ...): a network under `net`."""
+class ModuleOptions:
+    """The project's options of any module's config (applied by the core, never passed to its constructor):
+    a module option's schema extends it."""
 
-    _target_: str = "hydralight.tasks.classifier.Classifier"
-    # The classifier builds its network itself, sized by the data: Hydra must not build `net` first.
-    _recursive_: bool = False
-    net: Any = None  # a `_target_` spec of an nn.Module
-    label_smoothing: float = 0.0
     sync_batchnorm: bool = False
     invariant_dropout: bool = True
-    compile: bool = False  # torch.compile the network (worth it on GPUs, where Python overhead dominates)
-    compile_mode: CompileMode = CompileMode.default  # type: ignore[attr-defined]
-    channels_last: bool = False  # NHWC memory layout for convolutions (faster with tensor cores)
-
-
-@dataclass
-class MNISTDataConf:
-    _target_: str = "hydralight.data.MNISTDataModule"
-    data_dir: str = "data"
-    loader: Loader = Loader.tensor  # type: ignore[attr-defined]
-    val_size: int = 5000
-    download: bool = True
-    max_shift: int = 0
-
-
-@dataclass
-class ImageFolderDataConf:
-    _target_: str = "hydralight.data.ImageFolderDataModule"
-    root: str | None = None
-    cache_dir: str | None = None
-    size: Any = None  # an int or [height, width]
-    mode: ImageMode | None = None
-    loader: FolderLoader = FolderLoader.auto  # type: ignore[attr-defined]
-    max_memory_gb: float = 4.0
-    val_size: float = 0.1  # a fraction below 1, or a number of images
-    skip_bad: bool = False
-    max_shift: int = 0
 
 
 @dataclass
@@ -300,14 +266,14 @@ class TrainConf:
     callbacks: dict[str, Any] = field(default_factory=dict)
 
 
-def register() -> None:
-    """Put the schemas where the config files name them (`- train_schema`, `- /schema@_here_: model`)."""
+def register(options: Mapping[str, type] | None = None) -> None:
+    """Put the schemas where the config files name them: `- train_schema`, and each of `options` (the typed
+    configs that model and data options extend, `- /schema@_here_: <name>`) under its name."""
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainConf)
     # In a group of their own, so that they are no options of `model` or `data` (a glob() would pick them).
-    store.store(group="schema", name="model", node=ModelConf)
-    store.store(group="schema", name="mnist", node=MNISTDataConf)
-    store.store(group="schema", name="imagefolder", node=ImageFolderDataConf)
+    for name, node in (options or {}).items():
+        store.store(group="schema", name=name, node=node)
 
 
 def explain(err: BaseException, overrides: list[str]) -> str:

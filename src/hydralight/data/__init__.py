@@ -27,22 +27,29 @@ The built-in modules (`ImageDataModule` and its subclasses) also state their nor
 from the training one with a seeded permutation (`val_size`).
 """
 
-from hydralight.data.contract import build_datamodule, datamodule_kwargs, shards_by_rank, stated_sizes
-from hydralight.data.imagefolder import ImageFolderDataModule
-from hydralight.data.images import ImageDataModule, TensorImages
-from hydralight.data.mnist import MEAN, STD, FashionMNISTDataModule, MNISTDataModule, load_split
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "MEAN",
-    "STD",
-    "FashionMNISTDataModule",
-    "ImageDataModule",
-    "ImageFolderDataModule",
-    "MNISTDataModule",
-    "TensorImages",
-    "build_datamodule",
-    "datamodule_kwargs",
-    "load_split",
-    "shards_by_rank",
-    "stated_sizes",
-]
+# Each name and the module holding it, imported on first use: `hydralight.data.options` (the typed configs,
+# read before torch loads) stays free of torch.
+_WHERE = {
+    "build_datamodule": "contract",
+    "datamodule_kwargs": "contract",
+    "shards_by_rank": "contract",
+    "stated_sizes": "contract",
+    "ImageFolderDataModule": "imagefolder",
+    "ImageDataModule": "images",
+    "TensorImages": "images",
+    "MEAN": "mnist",
+    "STD": "mnist",
+    "FashionMNISTDataModule": "mnist",
+    "MNISTDataModule": "mnist",
+    "load_split": "mnist",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)

@@ -345,12 +345,12 @@ class OptunaSearch(Sweeper):
         """A search needs an objective on validation: not a test metric, and a module with a validation step."""
         import pytorch_lightning as pl
 
-        from hydralight.config.resolve import CLASSIFIER, check_objective
+        from hydralight.config.resolve import check_objective
         from hydralight.training.modules import module_class
 
         check_objective(str(self.config.objective.metric))
         model = self.config.get("model") or {}
-        target = model.get("_target_") or (CLASSIFIER if "net" in model else None)
+        target = model.get("_target_")
         if target is None:
             return  # refused with the trials' own config check
         cls = module_class({"_target_": target})
@@ -473,10 +473,12 @@ class OptunaSearch(Sweeper):
         return list(fixed.values()), space
 
     def _module_takes_lr(self) -> bool:
-        """Whether the sweep's module takes a learning rate (the built-in classifier does)."""
+        """Whether the sweep's module takes a learning rate."""
         from hydralight.config.binding import accepted_arguments, import_target
 
-        target = OmegaConf.select(self.config, "model._target_") or "hydralight.tasks.classifier.Classifier"
+        target = OmegaConf.select(self.config, "model._target_")
+        if target is None:
+            return True  # the trials say that the model names no module
         try:
             names, takes_any = accepted_arguments(import_target(str(target), "model._target_"))
         except UserError:

@@ -123,7 +123,7 @@ def objective_of(outcome: JobOutcome) -> tuple[str, str]:
 
 
 def _loss_column(header: list[str]) -> str | None:
-    """The history's training loss per step: `train/loss_step` (the built-in classifier), else a training
+    """The history's training loss per step: `train/loss_step` (the built-in modules'), else a training
     loss column of the module's own."""
     for name in ("train/loss_step", "train/loss", "train_loss"):
         if name in header:

@@ -24,26 +24,18 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.model_helpers import is_overridden
 
-from hydralight.config.binding import accepted_arguments
-from hydralight.config.legacy import upgraded
+from hydralight.config.declaration import ModuleDeclaration
 from hydralight.config.plan import ModelPlan, RunPlan
-from hydralight.config.resolve import CLASSIFIER
 from hydralight.config.trust import check_trusted, configured_targets
 from hydralight.errors import UserError
 from hydralight.resume.state import RECORD, ResumeState, plain_hparams, plain_value
 from hydralight.rundir.layout import RunDir, not_a_checkpoint_file
-from hydralight.training.modules import build_module, module_class
+from hydralight.training.modules import build_module
 
 log = logging.getLogger(__name__)
 
 # A module's hyperparameters and the config keys a user changes them with, for messages.
-CONFIG_KEYS = {"lr": "optim.lr", "optimizer": "optim.optimizer", "scheduler": "optim.scheduler", "net": "model.net"}
-# Sizes of data a module was trained for; older classifier checkpoints hold MNIST's implicitly.
-SIZE_DEFAULTS = {"num_classes": 10, "input_shape": [1, 28, 28]}
-
-
-# Arguments of the built-in classifier that choose how it runs, not what it is (the weights are the same).
-HOW_IT_RUNS = ("compile", "compile_mode", "channels_last")
+CONFIG_KEYS = {"lr": "optim.lr", "optimizer": "optim.optimizer", "scheduler": "optim.scheduler"}
 
 
 def describe(spec: Any) -> str:
@@ -82,18 +74,16 @@ def read_checkpoint(path: str | Path, label: str | None = None) -> dict[str, Any
 
 
 def saved_hparams(contents: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's hyperparameters as plain data (tuples as lists), with moved `_target_`s upgraded."""
-    return plain_value(upgraded(dict(contents.get("hyper_parameters") or {})))
+    """A checkpoint's hyperparameters as plain data (tuples as lists)."""
+    return plain_value(dict(contents.get("hyper_parameters") or {}))
 
 
 def record_of(contents: dict[str, Any]) -> dict[str, Any]:
-    """What a checkpoint says it holds: module, model config, data sizes, global batch (older classifier
-    checkpoints: from their hyperparameters)."""
+    """What a checkpoint says it holds: module, model config, data sizes, global batch (nothing, for a
+    checkpoint written outside this project's runs)."""
     if RECORD in contents:
-        return plain_value(upgraded(contents[RECORD]))
-    hparams = saved_hparams(contents)
-    sizes = {key: hparams.get(key, default) for key, default in SIZE_DEFAULTS.items()}
-    return {"module": CLASSIFIER if "net" in hparams else None, "model": None, "sizes": sizes, "global_size": None}
+        return plain_value(contents[RECORD])
+    return {"module": None, "model": None, "sizes": {}, "global_size": None}
 
 
 class Resume:
@@ -177,14 +167,15 @@ class Resume:
         then_hparams = saved_hparams(contents)
         now_hparams = plain_hparams(dict(module.hparams), self.plan.model.spec)
         way_out = "pick the matching model=..., or start fresh with resume=never / another run dir"
-        if "net" in then_hparams or "net" in now_hparams:  # the built-in classifier: its network is the model
-            if then_hparams.get("net") != now_hparams.get("net"):
-                raise UserError(
-                    f"{source} holds another model ({describe(then_hparams.get('net'))}) than this run "
-                    f"({describe(now_hparams.get('net'))}); {way_out}"
-                )
-        elif then["module"] is not None and then["module"] != target:
+        if then["module"] is not None and then["module"] != target:
             raise UserError(f"{source} holds another module ({then['module']}) than this run ({target}); {way_out}")
+        # The networks a module's config names (not the plan's optimizer or schedule) are what the model is.
+        for key in sorted((_nested_targets(then_hparams) | _nested_targets(now_hparams)) - set(CONFIG_KEYS)):
+            if then_hparams.get(key) != now_hparams.get(key):
+                raise UserError(
+                    f"{source} holds another model ({describe(then_hparams.get(key))}) than this run "
+                    f"({describe(now_hparams.get(key))}); {way_out}"
+                )
         check_sizes(then, sizes, source)
         if not continuing:
             return
@@ -230,14 +221,15 @@ class Resume:
         return best if best is not None or not last.is_file() else str(last)
 
     def module_to_test(self, sizes: dict[str, Any]) -> tuple[pl.LightningModule, ModelPlan]:
-        """The module a checkpoint holds, rebuilt from its own record (an older classifier checkpoint: from its
-        hyperparameters), with its weights; and the model slice it was built from (the run's records name it)."""
+        """The module a checkpoint holds, rebuilt from its own record, with its weights; and the model slice it was
+        built from (the run's records name it)."""
         path = Path(str(self.decision.ckpt_path))
         contents = read_checkpoint(path, f"ckpt_path={path}")
         # A model the command line asks for, other than the one the checkpoint records, would be ignored (how it
         # runs, compiled or channels-last, leaves the weights and the results as they are).
         then, now = record_of(contents).get("model") or {}, self.plan.model.spec
-        differing = _asked_otherwise(then, now, self.plan.paths.overrides) if then else []
+        how = ModuleDeclaration.of(then or now).how_it_runs
+        differing = _asked_otherwise(then, now, self.plan.paths.overrides, how) if then else []
         if differing:
             key, asks = differing[0]
             uses = "tests" if self.decision.mode == "eval" else "predicts with"
@@ -249,7 +241,7 @@ class Resume:
         model = model_of(contents, self.plan.model)
         check_built_from(contents, model, configured_targets(self.plan.config), f"ckpt_path={path}")
         # How it runs is this run's choice: a compiled run's checkpoint tests uncompiled unless asked otherwise.
-        runs = {k: now[k] for k in HOW_IT_RUNS if k in now and k in model.spec}
+        runs = {k: now[k] for k in how if k in now and k in model.spec}
         model = dataclasses.replace(model, spec={**model.spec, **runs})
         check_sizes(record_of(contents), sizes, f"ckpt_path={path}")  # before a module of another size is built
         module = rebuild(contents, model, sizes, f"ckpt_path={path}")
@@ -263,16 +255,23 @@ def _select(spec: Any, dotted: str) -> Any:
     return spec
 
 
-def _asked_otherwise(then: dict[str, Any], now: dict[str, Any], overrides: list[str]) -> list[tuple[str, str]]:
+def _nested_targets(spec: dict[str, Any]) -> set[str]:
+    """The keys of a config whose values are `_target_` specs (a module's network)."""
+    return {k for k, v in spec.items() if isinstance(v, dict) and "_target_" in v}
+
+
+def _asked_otherwise(
+    then: dict[str, Any], now: dict[str, Any], overrides: list[str], how_it_runs: tuple[str, ...]
+) -> list[tuple[str, str]]:
     """The model keys the command line asks for that differ from a checkpoint's model config, each with the
-    override that asks: a `model=` option asks for its module (and the classifier's network), `model.<key>=` for
-    that key. How it runs (compiled, channels-last) is this run's choice and asks for nothing."""
+    override that asks: a `model=` option asks for its module (and the networks it names), `model.<key>=` for
+    that key. How it runs (the module's `how_it_runs`) is this run's choice and asks for nothing."""
     asked = []
     for override in reversed(overrides):  # the last one of a key is the one that stands
         key = re.sub(r"^[+~]*", "", override).split("=", 1)[0]
         if key == "model":
-            keys = ["_target_", "net._target_"]
-        elif key.startswith("model.") and key.split(".")[1] not in HOW_IT_RUNS:
+            keys = ["_target_", *(f"{k}._target_" for k in sorted(_nested_targets(then) | _nested_targets(now)))]
+        elif key.startswith("model.") and key.split(".")[1] not in how_it_runs:
             keys = [key.removeprefix("model.")]
         else:
             continue
@@ -295,19 +294,11 @@ def check_sizes(then: dict[str, Any], sizes: dict[str, Any], source: Any) -> Non
 
 
 def model_of(contents: dict[str, Any], fallback: ModelPlan) -> ModelPlan:
-    """The model slice a checkpoint was trained with: its record's config (an older classifier checkpoint: its
-    hyperparameters), else `fallback`'s config (a module that records nothing)."""
+    """The model slice a checkpoint was trained with: its record's config, else `fallback`'s config (a
+    checkpoint that records nothing)."""
     then = record_of(contents)
     hparams = saved_hparams(contents)
-    if then.get("model"):
-        spec = dict(then["model"])
-    elif then["module"] == CLASSIFIER:
-        names, _ = accepted_arguments(module_class({"_target_": CLASSIFIER}))
-        # Its own arguments; the plan's values and the data sizes reach it as they reach any module.
-        names -= {"lr", "optimizer", "scheduler", *SIZE_DEFAULTS}
-        spec = {"_target_": CLASSIFIER, "_recursive_": False, **{k: v for k, v in hparams.items() if k in names}}
-    else:
-        spec = dict(fallback.spec)
+    spec = dict(then["model"]) if then.get("model") else dict(fallback.spec)
     trained = {k: v for k, v in hparams.items() if k in ("lr", "optimizer", "scheduler")}
     options = then.get("options") or {}
     return dataclasses.replace(

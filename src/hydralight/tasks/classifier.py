@@ -38,8 +38,22 @@ class Classifier(pl.LightningModule):
     out of checkpoints, which load anywhere.
     """
 
+    # What it declares to the run (hydralight.config.declaration), as any module may.
     # Its batches carry their sample ids (the built-in data modules' third element): they key its dropout.
     takes_sample_ids = True
+    # Its learning rate is the plan's, whatever the optim option: the default below is for use outside a run.
+    lr_from_plan = True
+    # How the network runs, not what it is: a checkpoint is tested with this run's choice of them.
+    how_it_runs = ("compile", "compile_mode", "channels_last")
+
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> None:
+        """Refuse values of its config before anything is built or launched."""
+        smoothing = config.get("label_smoothing", 0.0)
+        if isinstance(smoothing, int | float) and not 0.0 <= smoothing < 1.0:
+            raise ValueError(
+                f"model.label_smoothing={smoothing} is out of range: use a number from 0.0 up to (not) 1.0"
+            )
 
     def __init__(
         self,
@@ -55,9 +69,11 @@ class Classifier(pl.LightningModule):
         channels_last: bool = False,
     ) -> None:
         super().__init__()
-        if not 0.0 <= label_smoothing < 1.0:
-            raise UserError(f"model.label_smoothing={label_smoothing} must be in [0, 1)")
-        self.save_hyperparameters(ignore=["compile", "compile_mode", "channels_last"])
+        try:
+            self.check_config({"label_smoothing": label_smoothing})
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        self.save_hyperparameters(ignore=list(self.how_it_runs))
         if isinstance(net, nn.Module):  # built already (a config instantiated recursively): sized by its own config
             self.net = net
         else:

@@ -152,10 +152,6 @@ def plan_line(plan: RunPlan, model: nn.Module) -> str:
     split = f"{task.per_device_size} per device x {hw.world_size}" + (
         f" x {task.accumulation} accumulated" if task.accumulation > 1 else ""
     )
-    # The built-in classifier is named by its network; any other module by its own class.
-    from hydralight.tasks.classifier import Classifier
-
-    net = model.net if isinstance(model, Classifier) else model
     params = sum(p.numel() for p in model.parameters())
     hparams = getattr(model, "hparams", {})
     lr = hparams.get("lr") if "lr" in hparams else None
@@ -165,8 +161,14 @@ def plan_line(plan: RunPlan, model: nn.Module) -> str:
     return (
         f"plan: {processes} ({hw.cpus_per_task} cpus each){strategy}, {fw.precision}; "
         f"global batch {task.global_size} ({split}){rate}; "
-        f"model {type(net).__name__} {params / 1e6:.2f}M params"
+        f"model {model_name(model)} {params / 1e6:.2f}M params"
     )
+
+
+def model_name(model: nn.Module) -> str:
+    """A module by its class and the classes of its children that hold weights: `LitModel(SimpleNet)`."""
+    parts = [type(child).__name__ for child in model.children() if next(child.parameters(), None) is not None]
+    return f"{type(model).__name__}({', '.join(parts)})" if parts else type(model).__name__
 
 
 def show_start(plan: RunPlan, model: nn.Module) -> None:

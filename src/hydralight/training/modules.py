@@ -1,5 +1,5 @@
-"""Building the module a run trains: any LightningModule named by `model._target_` (the built-in classifier
-is one), given the plan's values and the data's sizes its constructor names, with the project's keyed
+"""Building the module a run trains: any LightningModule named by `model._target_` (the built-in ones are
+built the same way), given the plan's values and the data's sizes its constructor names, with the project's keyed
 layers put in."""
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def module_class(spec: dict[str, Any]) -> type[pl.LightningModule]:
         )
     if inspect.isclass(target) and issubclass(target, nn.Module):
         raise UserError(
-            f"model._target_={path} is a torch nn.Module, not a LightningModule: give it to the built-in classifier "
-            f"as its network (model=cnn model.net._target_={path}), or wrap it in a LightningModule of your own"
+            f"model._target_={path} is a torch nn.Module, not a LightningModule: wrap it in a LightningModule of your "
+            "own, or give it as the network of a model option that takes one (`--cfg job` shows its keys)"
         )
     raise UserError(f"model._target_={path} is not a LightningModule class; name the class of your module")
 
@@ -56,16 +56,18 @@ def constructor_kwargs(model: ModelPlan, sizes: dict[str, Any]) -> dict[str, Any
                 f"model.{key}={given} differs from the {key} the data states ({size}); drop model.{key}: "
                 "the module gets it from the data"
             )
-    net = model.spec.get("net")
-    if isinstance(net, dict) and "_target_" in net:  # the built-in classifier's network: its arguments too
-        bind(import_target(str(net["_target_"]), "model.net._target_"), net, {}, "model.net", origin=origin(model))
+    if model.spec.get("_recursive_") is False:  # a module that builds its nested targets: their arguments too
+        for key, nested in model.spec.items():
+            if isinstance(nested, dict) and "_target_" in nested and not nested.get("_partial_"):
+                target = import_target(str(nested["_target_"]), f"model.{key}._target_")
+                bind(target, nested, {}, f"model.{key}", origin=origin(model))
     return bind(cls, model.spec, offered, "model", explicit=model.explicit, origin=origin(model))
 
 
 def build_module(model: ModelPlan, sizes: dict[str, Any]) -> pl.LightningModule:
     """The module of the plan. Nested `_target_`s of its config are built by Hydra first (a module that
-    takes an `nn.Module` or a `_partial_` optimizer gets them built); the built-in classifier builds its
-    network itself (`_recursive_: false`), sized by the data."""
+    takes an `nn.Module` or a `_partial_` optimizer gets them built); a module whose config says
+    `_recursive_: false` builds them itself (sized by the data, as the built-in one does)."""
     return instantiate(model.spec, **constructor_kwargs(model, sizes))
 
 

@@ -6,7 +6,7 @@ Lightning runs the module's own `predict_step` over `predict_dataloader` (`train
 its share (`predictions.rank<N>.pt`) and rank 0 merges the shares in sample order into one file:
 
 - `predictions.csv` when `predict_step` returns class probabilities, `{"probabilities": (B, C)}` with `labels`
-  (-1: none) and `ids` when it has them, as the built-in classifier does: one row per sample (its id or file,
+  (-1: none) and `ids` when it has them, as the built-in modules do: one row per sample (its id or file,
   the true label when known, the predicted class and its probability);
 - `predictions.pt` for any other output (a tensor, or a dict of tensors, batch first): `{"sample": ids, ...}`
   with each output's rows in the same order.

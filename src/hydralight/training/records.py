@@ -182,9 +182,10 @@ def run_results(
     `tested`: what the test stage logged, under the module's own names (test/acc, test_loss, a log_dict's)."""
     tested = {k: float(v) for k, v in tested.items()}
     metrics = {**{k: float(v) for k, v in metrics.items()}, **tested}
-    # The built-in classifier's headline, kept at the top level where earlier results had it; only for a
-    # module that logs it (a null there read as "accuracy was measured and lost" for a regression module).
-    headline = {"test/acc": metrics["test/acc"]} if "test/acc" in metrics else {}
+    # The objective's test counterpart, kept at the top level where earlier results had it (test/acc); only
+    # for a module that logs it (a null there would read as "measured and lost").
+    headline_key = test_counterpart(objective.metric)
+    headline = {headline_key: metrics[headline_key]} if headline_key in metrics else {}
     return {
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,

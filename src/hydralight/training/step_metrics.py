@@ -16,7 +16,7 @@ class StepMetricsAtValidation(pl.Callback):
     loss in csv/metrics.csv, and its report an empty loss panel. This writes the module's latest step values,
     as Lightning would have written them (same names, same step, with `epoch`), before each validation and at
     each epoch's and the run's end, unless Lightning wrote that step itself; any module, the built-in
-    classifier included, gets the points.
+    built-in ones included, gets the points.
     """
 
     def __init__(self) -> None:

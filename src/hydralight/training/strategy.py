@@ -204,7 +204,7 @@ def shard_module(module: nn.Module, names: list[str], mesh: Any, mixed_precision
 def shard_units(module: nn.Module, names: list[str]) -> list[nn.Module]:
     """The submodules `names` lists, each child of a ModuleList/Sequential or else the module itself, that have
     parameters (a unit without any has nothing to shard). No names: each child of the module that has any, so
-    that a step which calls its layers directly (`self.net(x)`, not `self(x)`) still gathers their parameters."""
+    that a step which calls its layers directly (`self.layers(x)`, not `self(x)`) still gathers their parameters."""
     if not names:
         return [child for child in module.children() if any(True for _ in child.parameters())]
     units = []
