@@ -2,6 +2,7 @@
 them), a job's progress read from its dir."""
 
 import pytest
+from conftest import run_cli
 
 
 def test_local_jobs_side_by_side_get_gpus_of_their_own():
@@ -116,3 +117,16 @@ def test_a_sweep_waiting_on_a_terminal_draws_a_live_table_of_its_jobs_and_off_on
     assert "sweep jobs" not in said
     assert re.search(r"#0 \(\d+\): RUNNING, at step \d+, val/acc=[\d.]+", said), said[-3000:]
     assert re.search(r"#1 \(\d+\): COMPLETED, at step \d+, val/acc=[\d.]+", said), said[-3000:]
+
+
+def test_plan_true_on_the_slurm_launcher_prints_each_jobs_request_and_plan_and_submits_nothing(tmp_path):
+    # Nothing reaches sbatch: planned from a laptop, or a login node, without a job.
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli(["-m", "hydra/launcher=slurm", "hardware=1gpu,8gpu", "plan=true", f"hydra.sweep.dir={sweep_dir}",
+                      f"hydra.launcher.submitit_folder={tmp_path / 'submitit'}"], tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("Run plan") == 2
+    said = result.stdout + result.stderr
+    assert "#0 would ask slurm for cpus_per_task=8, gpus_per_node=1, mem_gb=64, nodes=1, tasks_per_node=1" in said
+    assert "gpus_per_node=8" in said and "nothing is submitted" in said
+    assert not (tmp_path / "submitit").exists() and [p.name for p in sweep_dir.iterdir()] == ["multirun.yaml"]

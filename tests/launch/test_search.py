@@ -240,3 +240,13 @@ def test_a_preset_dimension_set_to_null_is_left_out(tiny_data, tmp_path):
                   tmp_path / "s", tiny_data)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert [set(t["params"]) for t in trials(tmp_path / "s")] == [{"batch.global_size"}] * 2
+
+
+def test_plan_true_prints_the_plan_trials_share_and_runs_no_trial(tiny_data, tmp_path):
+    sweep_dir = tmp_path / "search"
+    result = run_cli(["-m", "hparams_search=optuna", "hydra.sweeper.n_trials=3", *TINY, "plan=true",
+                      f"hydra.sweep.dir={sweep_dir}"], tmp_path, tiny_data)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("Run plan") == 1 and "none of the search's 3 trials runs" in result.stdout
+    # No study, no trial dir: a plan writes nothing a later search would continue.
+    assert not sweep_dir.exists() or not any(p.name != "multirun.yaml" for p in sweep_dir.iterdir())

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides, run_job, setup_globals
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, LocalQueueConf, SlurmQueueConf
@@ -271,9 +272,11 @@ class PlannedLauncherMixin:
         # Group jobs by what they ask for: one array submission per distinct request.
         groups: dict[tuple[tuple[str, Any], ...], list[int]] = defaultdict(list)
         arguments = []
+        planned_only: list[DictConfig] = []
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
             job_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            planned_only.append(job_cfg)
             try:
                 resources = job_resources(job_cfg, self._EXECUTOR)
                 self._check_no_resource_overrides(params, resources)
@@ -287,6 +290,8 @@ class PlannedLauncherMixin:
             arguments.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
 
+        if all(bool(cfg.get("plan")) for cfg in planned_only):
+            return self._plans_here(job_overrides, initial_job_idx, groups)
         # Every job is sized (or refused) before the sweep dir exists.
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -325,6 +330,33 @@ class PlannedLauncherMixin:
         self._record_jobs(sweep_dir, arguments, jobs)
         log.info(f"Waiting for {len(jobs)} job(s); job logs in {folder.replace('%j', '<job id>')}")
         return self._wait(jobs, sweep_dir, initial_job_idx)
+
+    def _plans_here(
+        self, job_overrides: Sequence[Sequence[str]], first: int, groups: dict[tuple[tuple[str, Any], ...], list[int]]
+    ) -> list[JobReturn]:
+        """`plan=true`: each job's request and plan printed in this process, one after another; nothing is
+        submitted and no job dir is kept (the sweep dir holds Hydra's record, as a local sweep's plan does)."""
+        for request, indices in groups.items():
+            asked = ", ".join(f"{k}={v}" for k, v in request if v is not None)
+            jobs = ", ".join(f"#{first + i}" for i in indices)
+            log.info(f"plan=true: nothing is submitted; {jobs} would ask {self._EXECUTOR} for {asked}")
+        results = []
+        for i, overrides in enumerate(job_overrides):
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_config.hydra):
+                sweep_config.hydra.job.id = f"plan_{first + i}"
+                sweep_config.hydra.job.num = first + i
+            HydraConfig.instance().set_config(sweep_config)
+            results.append(
+                run_job(
+                    hydra_context=self.hydra_context,
+                    task_function=self.task_function,
+                    config=sweep_config,
+                    job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir",
+                )
+            )
+        return results
 
     def _wait(self, jobs: list[Any], sweep_dir: Path, first: int) -> list[JobReturn]:
         """Each job's result as it ends, in any order, saying how each job stands as it changes (its state, the

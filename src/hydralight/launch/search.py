@@ -223,6 +223,9 @@ class OptunaSearch(Sweeper):
             discard_unused_run_dir(self.sweep_dir)  # refused before any trial: no sweep dir left behind
             raise
         self.fixed, self.space = fixed, space
+        if self.config.get("plan"):  # the plan of the config every trial starts from; no trial runs, no study
+            log.info(f"plan=true: none of the search's {self.n_trials} trials runs; the plan of the config they share:")
+            return list(self.launcher.launch([fixed], initial_job_idx=0))
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         # One search process per sweep dir: a second one would take the first one's running trials for stopped.
         with RunDirLock(self.sweep_dir):
