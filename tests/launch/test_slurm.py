@@ -149,6 +149,7 @@ def test_a_sweep_over_process_counts_runs_each_job_with_its_own_request(cluster,
     one, two = job_ids(output)
     assert one != two  # different requests: separate submissions
     assert [len(ranks(tmp_path / "sweep" / str(i))) for i in (0, 1)] == [1, 2]
+    final_state(one), final_state(two)  # recorded by the accounting, which may lag the results
     assert "cpu=1," in sacct(one, "AllocTRES")[0] and "cpu=2," in sacct(two, "AllocTRES")[0]
 
 
@@ -157,6 +158,7 @@ def test_gpu_request_is_accepted_by_slurm(cluster, tiny_data, tmp_path):
     args = [*TINY, "hardware=1gpu", "hardware.cpus_per_task=1", "hardware.mem_gb=1"]
     code, output = sweep(args, tmp_path / "sweep", tiny_data)
     (job_id,) = job_ids(output)
+    final_state(job_id)  # the accounting may record the job a moment after it ended
     assert "gres/gpu=1" in sacct(job_id, "AllocTRES")[0]
     assert code != 0  # no CUDA in the job: refused by the plan inside the job
     assert "no CUDA GPU" in (tmp_path / "sweep" / ".submitit" / job_id / f"{job_id}_0_log.out").read_text()
