@@ -4,11 +4,14 @@ predicted is refused in one line, leaving no run dir."""
 
 import csv
 import json
+import os
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import HELPERS, TINY, make_image_folder, one_line, run_cli
+from conftest import HELPERS, ROOT, TINY, make_image_folder, one_line, run_cli, run_python
 
 # The module comes from the checkpoint: no model on the command line.
 PREDICT = [arg for arg in TINY if not arg.startswith("model=")]
@@ -58,6 +61,16 @@ def test_predictions_of_the_test_split_give_the_run_s_test_accuracy(trained, tin
     ok(run_cli(["mode=predict", f"resume={trained}", *PREDICT], again, tiny_data))
     assert (again / "predictions.csv").read_bytes() == (out / "predictions.csv").read_bytes()
     assert {p.name: p.stat().st_mtime_ns for p in trained.iterdir()} == before
+    # Without hydra.run.dir, as a user types it: Hydra's dated dir (not the run's own, which it would refuse).
+    files = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
+    dated = run_python([sys.executable, str(ROOT / "train.py"), "mode=predict", f"resume={trained}", *PREDICT],
+                       {**os.environ, "DATA_DIR": str(tiny_data)}, cwd=tmp_path)  # fmt: skip
+    written = ok(dated).stdout.splitlines()[-1].split(" rows in ")[1].split(" (")[0]
+    assert (
+        Path(written).parent.parent.parent == tmp_path / "outputs"
+        and Path(written).read_bytes() == (out / "predictions.csv").read_bytes()
+    )
+    assert {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()} == files
 
 
 @pytest.mark.slow

@@ -126,9 +126,12 @@ class Invocation:
 
     @property
     def resumed_dir(self) -> str | None:
-        """`resume=RUN_DIR`: the earlier run this one continues, in its own dir."""
+        """`resume=RUN_DIR`: the earlier run this one continues, in its own dir (`mode=predict` and `mode=eval`
+        read its checkpoint and write a run dir of their own)."""
         target = self.value("resume")
-        return None if target in (None, "auto", "never") else target
+        if target in (None, "auto", "never") or self.value("mode") in ("predict", "eval"):
+            return None
+        return target
 
     def hydra_argv(self) -> list[str]:
         """The command line Hydra runs: every rank of an external launch shares one run dir, and
