@@ -333,3 +333,14 @@ def test_the_epoch_default_never_binds_a_step_budget_given_alone(overrides, epoc
 def test_a_submodule_named_twice_for_sharding_is_one_line():
     with pytest.raises(UserError, match="strategy.shard names net twice"):
         plan_of("strategy=fsdp", "strategy.shard=[net,net]")
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [("+trainer.acclerator=gpu", "trainer.acclerator is not a config key"), ("~seed", "~seed deletes seed")],
+)
+def test_what_hydra_lets_through_is_refused_by_the_plan_itself(override, said):
+    # A job's config composed on another process (a SLURM node, a torchrun rank) meets the same check as the
+    # command line's: resolving the plan refuses it.
+    with pytest.raises(UserError, match=re.escape(said)):
+        plan_of(override)

@@ -325,18 +325,10 @@ def compose_jobs(
             _refuse_optuna_plugin_keys(f"hydra.sweeper.{key}" for key in _keys_below(cfg.hydra.get("sweeper") or {}))
             with open_dict(cfg):
                 del cfg["hydra"]  # what compose() returns without return_hydra_config
-            if deleted := _deleted_from_the_schema(cfg):
-                name, group = deleted
-                instead = f"set its keys ({name}.KEY=...) instead" if group else f"give it a value ({name}=...)"
-                raise UserError(f"{prefix}~{name} deletes {name}, which every run reads; {instead}")
-            if unknown := _added_to_a_schema(cfg):
-                raise UserError(
-                    prefix
-                    + (
-                        planned_trainer_key(unknown)
-                        or f"{unknown} is not a config key; check the spelling (`--cfg job` prints the config)"
-                    )
-                )
+            try:
+                check_composed(cfg)
+            except UserError as err:
+                raise UserError(f"{prefix}{err}") from None
             if number == 0 and len(checked) < len(jobs):
                 _check_swept_values(cfg, overrides, groups, len(jobs))
             configs.append(cfg)
@@ -486,6 +478,20 @@ def mode_known(mode: Any) -> Iterator[None]:
 
     with mock.patch.object(Hydra, "get_mode", lambda self, config_name, overrides: mode):
         yield
+
+
+def check_composed(cfg: DictConfig) -> None:
+    """What Hydra lets through a composition and a run cannot take: a key of the schema deleted (`~seed`), a key
+    added inside a typed group (`+trainer.acclerator=gpu`). Every job checks it, on whatever process it starts."""
+    if deleted := _deleted_from_the_schema(cfg):
+        name, group = deleted
+        instead = f"set its keys ({name}.KEY=...) instead" if group else f"give it a value ({name}=...)"
+        raise UserError(f"~{name} deletes {name}, which every run reads; {instead}")
+    if unknown := _added_to_a_schema(cfg):
+        raise UserError(
+            planned_trainer_key(unknown)
+            or f"{unknown} is not a config key; check the spelling (`--cfg job` prints the config)"
+        )
 
 
 def _deleted_from_the_schema(cfg: DictConfig) -> tuple[str, bool] | None:

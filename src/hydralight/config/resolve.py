@@ -73,6 +73,10 @@ def as_container(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
 
 def resolve(cfg: DictConfig | dict[str, Any], machine: Machine, job: JobInfo) -> RunPlan:
     """The run plan of a composed config on `machine`; `auto` values are read off the machine."""
+    if isinstance(cfg, DictConfig):  # a job Hydra composed, on any process (a SLURM node, a torchrun rank)
+        from hydralight.config.compose import check_composed
+
+        check_composed(cfg)
     config = as_container(cfg)
     config, run_dir = resumed_config(config, job)
     c = OmegaConf.create(config)
