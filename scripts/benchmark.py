@@ -6,7 +6,8 @@
    (scripts/plain_floor.py) on seeds 0-9 with 1 and 2 threads; process start to `test/acc`
 4. classic: the classic recipe (model=cnn, torchvision loader, 3 epochs) once, against experiment=fast
 5. start-up: `python train.py --cfg job`, and process start to the first training step
-6. scaling: 1 vs 2 DDP processes on CPU, same global batch and steps
+6. scaling: 1 vs 2 DDP processes on CPU, same global batch and steps; and `experiment=fast` on 2 DDP processes
+   vs plain torch DDP of the same recipe (scripts/plain_ddp.py), process start to `test/acc`
 7. keyed dropout: a training step of the default network with per-sample keyed dropout vs torch's dropout
 8. cheap step: ms per optimizer step of a cheap step: plain loop, bare Lightning, the project's `train.py`
 9. sweeps: process start to the first job of a 10,000-job grid vs a 4-job grid; the report over 1,000 job dirs
@@ -166,6 +167,7 @@ def data_path(data_dir: str, batches: int, repeats: int) -> dict:
 # is in benchmarks/recipe_search.md), not a copy of the project's recipe. Every seed runs with 1 and with 2
 # threads: CPU numerics differ with the thread count.
 PLAIN_FLOOR = ROOT / "scripts" / "plain_floor.py"
+PLAIN_DDP = ROOT / "scripts" / "plain_ddp.py"
 SEEDS = tuple(range(10))
 THREADS = (1, 2)
 
@@ -233,6 +235,34 @@ def time_to_99(data_dir: str, repeats: int, smoke: bool, out: Path) -> dict:
         for n in threads
     }
     return results
+
+
+def ddp_vs_plain(data_dir: str, repeats: int, smoke: bool, out: Path) -> dict:
+    """`experiment=fast` on 2 DDP processes (one thread each) against plain torch DDP of the same recipe
+    (scripts/plain_ddp.py), process start to `test/acc`, interleaved over seeds; the median of pair ratios."""
+    seeds = SEEDS[:1] if smoke else SEEDS[:repeats]
+    project = [*fast_command(smoke), "hardware.devices=2", "strategy=ddp"]
+    runs: dict[str, list[float]] = {"project": [], "plain": []}
+    accs: dict[str, list[float]] = {"project": [], "plain": []}
+    for seed in seeds:
+        env = {"DATA_DIR": data_dir, "OMP_NUM_THREADS": "1"}
+        commands = {
+            "project": [*project, f"seed={seed}", f"hydra.run.dir={tempfile.mkdtemp(dir=out)}"],
+            "plain": [sys.executable, str(PLAIN_DDP), data_dir, str(seed)],
+        }
+        for name, command in commands.items():
+            seconds, acc = until_result(command, env)
+            runs[name].append(seconds)
+            accs[name].append(acc)
+    ratios = [a / b for a, b in zip(runs["project"], runs["plain"], strict=True)]
+    return {
+        "seeds": list(seeds),
+        "project_s": summary(runs["project"]),
+        "plain_s": summary(runs["plain"]),
+        "test_acc": accs,
+        "ratio": statistics.median(ratios),
+        "ratio_by_seed": summary(ratios),
+    }
 
 
 # 4. Classic recipe ---------------------------------------------------------------------------------
@@ -539,6 +569,8 @@ METHODS = {
     "classic": "whole process, start to `test/acc`, once each",
     "startup": "whole process; first step: the clock of a callback (scripts/bench_clock.py)",
     "scaling": "steady steps after a fifth of 150, batch 128, model=fastcnn",
+    "ddp_vs_plain": "whole process, start to its `test/acc` line; 2 processes of one thread, gloo; seeds 0 to "
+    "repeats - 1, interleaved; the median of pair ratios",
     "keyed_dropout": "in one process, 50 steps each, interleaved; median of each repeat's ratio",
     "cheap_step": "steps 100 to 800 of one run (inside epoch 0) by a clock callback, interleaved; 1 thread; "
     "the median of each repeat's ratio",
@@ -579,6 +611,10 @@ def rows_of(results: dict) -> list[tuple[str, str, str, str, str]]:
         rows.append(("scaling", "DDP on CPU: 2 / 1 processes samples/s", f"{p['speedup']:.2f}x", "-",
                      f"{fmt(p['1_process_samples_per_s'], 0)} vs {fmt(p['2_process_samples_per_s'], 0)}; efficiency "
                      f"{p['efficiency']:.0%}, DDP overhead {p['ddp_overhead_ms_per_step']:.1f} ms/step"))  # fmt: skip
+    if (q := results.get("ddp_vs_plain")) is not None:
+        rows.append(("ddp_vs_plain", "DDP on CPU: experiment=fast on 2 processes / plain torch DDP", f"{q['ratio']:.2f}",
+                     "<= 1.25", f"{fmt(q['project_s'])} s vs {fmt(q['plain_s'])} s; test acc "
+                     f"{min(q['test_acc']['project']):.4f} at worst vs {min(q['test_acc']['plain']):.4f}"))  # fmt: skip
     if (k := results.get("keyed_dropout")) is not None:
         rows.append(("keyed_dropout", "keyed dropout: step with keyed / torch dropout", f"{k['ratio']:.3f}", "<= 1.15",
                      f"{fmt(k['keyed_ms_per_step'], 1)} vs {fmt(k['torch_ms_per_step'], 1)} ms per step "
@@ -688,6 +724,7 @@ def main() -> int:
         "classic": lambda: classic(data_dir, args.smoke, work),
         "startup": lambda: startup(data_dir, repeats, work),
         "scaling": lambda: scaling(data_dir, 10 if args.smoke else 150, repeats, work),
+        "ddp_vs_plain": lambda: ddp_vs_plain(data_dir, repeats, args.smoke, work),
         "keyed_dropout": lambda: keyed_dropout(5 if args.smoke else 50, repeats if args.smoke else 2 * repeats),
         # A window inside epoch 0 (859 steps of 64); more repeats than the others: the differences are small.
         "cheap_step": lambda: cheap_step(

@@ -24,7 +24,7 @@ from hydralight.config.resolve import JobInfo
 from hydralight.config.schema import register
 from hydralight.data.options import SCHEMAS as DATA_SCHEMAS
 from hydralight.errors import UserError, exit_on_user_error
-from hydralight.rundir.launch import check_rank_variables, is_rank_zero
+from hydralight.rundir.launch import check_rank_variables, early_ranks, is_rank_zero
 from hydralight.rundir.lock import RunDirLock
 from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable, claim_sweep_dir
 from hydralight.tasks.options import SCHEMAS as MODEL_SCHEMAS
@@ -126,7 +126,11 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
 
         # 3. Fit, continuing the run's checkpoint.
         if plan.resume.mode == "train":
-            with record.timed("fit_seconds"), _left_as_it_was_if_refused(plan, trainer, record), lightning_refusals():
+            with (
+                record.timed("fit_seconds"),
+                _left_as_it_was_if_refused(plan, trainer, record),
+                lightning_refusals(),
+            ):
                 trainer.fit(module, datamodule=data, ckpt_path=resume.ckpt_path, weights_only=True)
         # 4. Test the best checkpoint.
         metrics = fit_end.metrics(trainer) if plan.resume.mode == "train" else dict(trainer.callback_metrics)
@@ -197,18 +201,20 @@ def main(cfg: DictConfig) -> float | None:
             if is_rank_zero():  # a folder of the user's is refused before anything of the run is written there
                 claim = claimed if locked and not cfg.plan else Claim.take(run_dir.resolve(), hydra_wrote=True)
             machine = detect()
-            plan = resolve(cfg, machine, job)
-            if cfg.plan:
-                print(plan.table(), end="")
-                discard_unused_run_dir(run_dir, keep_folder=claim is not None and not claim.made_folder)
-                return None
-            # `resume=RUN_DIR hydra.run.dir=OTHER` continues in RUN_DIR: the dir written is the one locked.
-            continued = Path(plan.paths.run_dir).resolve()
-            elsewhere = is_rank_zero() and continued != run_dir.resolve()
-            if elsewhere:
-                check_usable(continued, "resume")
-            with RunDirLock(continued) if elsewhere else contextlib.nullcontext():
-                return run(plan, machine)
+            # This node's other ranks start now and import while this one resolves and builds.
+            with contextlib.nullcontext() if cfg.plan else early_ranks(*_ranks_asked(cfg, machine)):
+                plan = resolve(cfg, machine, job)
+                if cfg.plan:
+                    print(plan.table(), end="")
+                    discard_unused_run_dir(run_dir, keep_folder=claim is not None and not claim.made_folder)
+                    return None
+                # `resume=RUN_DIR hydra.run.dir=OTHER` continues in RUN_DIR: the dir written is the one locked.
+                continued = Path(plan.paths.run_dir).resolve()
+                elsewhere = is_rank_zero() and continued != run_dir.resolve()
+                if elsewhere:
+                    check_usable(continued, "resume")
+                with RunDirLock(continued) if elsewhere else contextlib.nullcontext():
+                    return run(plan, machine)
         except UserError as err:
             # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it), and
             # removes only what this attempt added: a folder that was there before stays.
@@ -232,6 +238,18 @@ def main(cfg: DictConfig) -> float | None:
 
                 record_failure(RunDir(run_dir), str(err), job.overrides)
             return None
+
+
+def _ranks_asked(cfg: DictConfig, machine: Machine) -> tuple[str, int, int]:
+    """(strategy, devices per node, nodes) the config asks for, read before the plan is resolved (cheaply: no
+    module is imported); nothing when it does not resolve (the plan says why)."""
+    from hydralight.config.resolve import resources
+
+    try:
+        hardware, framework, _ = resources(cfg, machine)
+    except Exception:  # a bad value: refused by resolve() in a moment, with the same line
+        return "auto", 1, 1
+    return framework.strategy, hardware.devices, hardware.num_nodes
 
 
 def cli() -> None:

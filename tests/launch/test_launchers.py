@@ -26,7 +26,8 @@ def test_a_job_s_progress_is_the_step_of_its_last_history_row(tmp_path):
 @pytest.mark.slow
 def test_a_real_local_launch_gives_each_parallel_gpu_job_its_own_gpu(tiny_data, tmp_path):
     """hydra/launcher=local on a machine with 4 GPUs (faked: CUDA_VISIBLE_DEVICES=0,1,2,3 in the launching shell):
-    four 1-GPU jobs run side by side, and each job's process sees a GPU of its own, not all of them GPU 0."""
+    four 1-GPU jobs run side by side, and each job's process sees a GPU of its own, not all of them GPU 0. (The
+    GPUs are not there: each job then stops at its plan's check, after its process recorded what it was given.)"""
     import json
     import os
     import sys
@@ -46,7 +47,7 @@ def test_a_real_local_launch_gives_each_parallel_gpu_job_its_own_gpu(tiny_data, 
     )
     sweep = tmp_path / "sweep"
     command = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=local", "cluster=local", "hardware=1gpu",
-               "hardware.cpus_per_task=1", "hardware.mem_gb=1", "plan=true", "seed=1,2,3,4",
+               "hardware.cpus_per_task=1", "hardware.mem_gb=1", "seed=1,2,3,4",
                f"hydra.sweep.dir={sweep}"]  # fmt: skip
     env = {**os.environ, "DATA_DIR": str(tiny_data), "CUDA_VISIBLE_DEVICES": "0,1,2,3", "PYTHONPATH": str(hook),
            "HYDRALIGHT_TESTS_FRESH": "1"}  # new interpreters, which import the hook (no warm forks)  # fmt: skip

@@ -62,16 +62,16 @@ class KeepsItsLr:
 
 
 def test_a_modules_declarations_decide_its_learning_rate_and_check_its_config(user_package):
-    # The model option's arguments that the module named on the command line does not take are left out.
-    own = ["model=cnn"]
-    declared = plan_of(*own, "model._target_=test_modules.DeclaresItsLr", "++model.width=3")
+    # A model config of no option (a user's own, untyped): the module's own keys.
+    own = ["~model", "+model._target_=test_modules.KeepsItsLr"]
+    declared = plan_of(*own, "model._target_=test_modules.DeclaresItsLr", "+model.width=3")
     assert declared.model.offered["lr"] == pytest.approx(1e-3)  # the plan's, though its default is 0.5
-    keeps = plan_of(*own, "model._target_=test_modules.KeepsItsLr")
+    keeps = plan_of(*own)
     assert "lr" not in keeps.model.offered  # its own default stands: the run chose none
     with pytest.raises(UserError, match=re.escape("model.width=0 must be positive")):
-        plan_of(*own, "model._target_=test_modules.DeclaresItsLr", "++model.width=0")
+        plan_of(*own, "model._target_=test_modules.DeclaresItsLr", "+model.width=0")
     with pytest.raises(UserError, match=re.escape("model.lr is set by the plan; set optim.lr instead")):
-        plan_of(*own, "model._target_=test_modules.DeclaresItsLr", "++model.lr=0.1")
+        plan_of(*own, "model._target_=test_modules.DeclaresItsLr", "+model.lr=0.1")
 
 
 def test_the_core_names_no_task():

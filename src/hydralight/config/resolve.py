@@ -12,7 +12,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from hydralight.config.plan import (
     RunPlan,
     TaskPlan,
 )
-from hydralight.config.schema import LR_SCALING, PLANNED, PRECISIONS, STRATEGIES, set_by_plan
+from hydralight.config.schema import LR_SCALING, PLANNED, PRECISIONS, STRATEGIES, ModuleOptions, set_by_plan
 from hydralight.config.trust import SHIPPED_CONF, check_trusted, configured_targets
 from hydralight.errors import UserError
 from hydralight.rundir.launch import external_launcher
@@ -41,7 +41,7 @@ from hydralight.rundir.layout import RunDir, not_a_checkpoint_file
 from hydralight.rundir.record import read_json, read_yaml_record
 
 # The project's options of any module, applied by the core (hydralight.keyed), never passed to a constructor.
-MODULE_OPTIONS = ("invariant_dropout", "sync_batchnorm")
+MODULE_OPTIONS = tuple(f.name for f in fields(ModuleOptions))
 # Values the plan decides for a module, and where a user sets them instead of in `model.*` (a module of your own
 # may keep its own learning rate, unless it says `lr_from_plan = True`).
 MODEL_OWNED = {"lr": "optim.lr", "seed": "seed"}

@@ -3,10 +3,19 @@ all ranks of one launch share. Read from the environment before Hydra composes a
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
 
 from hydralight.errors import UserError
+
+# The pid of the rank that starts the others, as they find it in their environment: they stop when it is gone.
+LAUNCHER_PID = "HYDRALIGHT_LAUNCHER_PID"
+# Ranks started while this process prepares the job (`early_ranks`), waiting to be told what to run.
+EARLY_RANKS: list[subprocess.Popen] = []
 
 
 def external_launcher() -> str | None:
@@ -91,3 +100,33 @@ def check_rank_variables() -> None:
             f"{', '.join(stale)} is set in this shell, but no launcher (torchrun, srun) started this process; it "
             f"would run as another job's rank and record nothing: unset {names} (or start the ranks with torchrun)"
         )
+
+
+@contextlib.contextmanager
+def early_ranks(strategy: str, devices: int, num_nodes: int) -> Iterator[None]:
+    """Start this node's other ranks of a `ddp` or `fsdp` job now, while this one resolves its plan and builds
+    the data, the module and the trainer: each imports what a rank runs (seconds of torch and Lightning) and
+    waits until Lightning would start it, when it is told its environment and plan file (`python -m
+    hydralight.worker -`). Their imports then overlap this rank's instead of following them. Those never told
+    (the job refused, or another number of ranks planned) are stopped when it ends."""
+    started = (
+        strategy in ("ddp", "fsdp")
+        and devices > 1
+        and num_nodes == 1
+        and external_launcher() is None
+        and LAUNCHER_PID not in os.environ  # the launching rank of its job: not a rank, not a job inside one
+        and is_rank_zero()
+    )
+    if started:
+        env = {**os.environ, LAUNCHER_PID: str(os.getpid())}
+        command = [sys.executable, "-m", "hydralight.worker", "-"]
+        for local_rank in range(1, devices):
+            rank_env = {**env, "LOCAL_RANK": str(local_rank)}
+            EARLY_RANKS.append(subprocess.Popen(command, env=rank_env, stdin=subprocess.PIPE, text=True))
+    try:
+        yield
+    finally:
+        while EARLY_RANKS:  # never told what to run: they have done nothing
+            child = EARLY_RANKS.pop()
+            child.kill()
+            child.wait()

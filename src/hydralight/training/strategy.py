@@ -31,13 +31,14 @@ from torch import nn
 from hydralight.config.plan import RunPlan
 from hydralight.errors import UserError
 from hydralight.lightning_internals import CountsBackSpawnDDP, PlannedRanksDDP, PlannedRanksModelParallel
+from hydralight.rundir.launch import EARLY_RANKS, LAUNCHER_PID
 
 log = logging.getLogger(__name__)
 
 # Rank processes this process started for the current job, waited for when the job ends.
 _children: list[subprocess.Popen] = []
-# The pid of the rank that starts the others, as they find it in their environment: they stop when it is gone.
-LAUNCHER_PID = "HYDRALIGHT_LAUNCHER_PID"
+# Ranks started while this process prepared the job (hydralight.rundir.launch.early_ranks).
+_early = EARLY_RANKS
 # How long a stopping launcher waits for the ranks it started before it kills them.
 STOP_GRACE_S = 10.0
 
@@ -46,7 +47,7 @@ class JobDDPStrategy(PlannedRanksDDP):
     """DDP whose locally started ranks run the saved plan instead of replaying the command line."""
 
     def __init__(self, *args: Any, plan_file: Path, **kwargs: Any) -> None:
-        super().__init__(*args, plan_file=plan_file, children=_children, **kwargs)
+        super().__init__(*args, plan_file=plan_file, children=_children, early=_early, **kwargs)
 
 
 class SpawnDDPStrategy(CountsBackSpawnDDP):
@@ -82,7 +83,7 @@ class JobFSDPStrategy(PlannedRanksModelParallel):
     ) -> None:  # fmt: skip
         super().__init__(
             data_parallel_size=world_size, tensor_parallel_size=1, save_distributed_checkpoint=sharded_checkpoint,
-            plan_file=plan_file, children=_children, **kwargs,
+            plan_file=plan_file, children=_children, early=_early, **kwargs,
         )  # fmt: skip
         self.shard, self.mixed_precision = list(shard), mixed_precision
         self.measured = False
