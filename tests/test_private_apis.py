@@ -204,6 +204,27 @@ IMPORTS = [
 ]
 
 
+def test_hydra_reads_the_mode_through_the_hook_the_project_answers() -> None:
+    """Hydra 1.3 composes the config once more to read `hydra.mode`; the project answers that call itself."""
+    hook = Hook("hydra", "hydra._internal.hydra.Hydra.get_mode(config_name, overrides)", "config/hydra_internals.py",
+                "telling Hydra the mode the command line's check read, instead of composing again")  # fmt: skip
+    hydra_cls = reach("hydra._internal.hydra.Hydra")
+    assert hydra_cls is not ABSENT, hook.moved("Hydra can no longer be imported from there")
+    parameters = list(inspect.signature(dig(hydra_cls, "get_mode")).parameters)
+    assert parameters == ["self", "config_name", "overrides"], hook.moved(f"its parameters are {parameters}")
+    run_hydra = inspect.getsource(reach("hydra._internal.utils._run_hydra"))
+    assert "get_mode(" in run_hydra, hook.moved("_run_hydra no longer asks for the mode this way")
+
+
+def test_basic_sweeper_is_extended_as_the_default_sweeper() -> None:
+    hook = Hook("hydra", "hydra._internal.core_plugins.basic_sweeper.BasicSweeper.validate_batch_is_legal",
+                "config/hydra_internals.py, src/hydra_plugins/hydralight_launchers/__init__.py",
+                "the default sweeper, which checks only the jobs the command line did not")  # fmt: skip
+    sweeper = reach("hydra._internal.core_plugins.basic_sweeper.BasicSweeper")
+    assert callable(dig(sweeper, "validate_batch_is_legal")), hook.moved("it is gone")
+    assert reach("hydra._internal.core_plugins.basic_sweeper.BasicSweeperConf") is not ABSENT, hook.moved("no conf")
+
+
 @pytest.mark.parametrize("hook", IMPORTS, ids=[h.api for h in IMPORTS])
 def test_import_path(hook: Hook) -> None:
     if hook.lib == "dstack":
@@ -715,7 +736,7 @@ def test_sweep_overrides_split_into_jobs() -> None:
     split = Hook(
         "hydra",
         "hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_arguments(overrides, max_batch_size)",
-        "config/schema.py, config/compose.py",
+        "config/hydra_internals.py, config/compose.py",
         "composing and checking every job of a sweep before any run dir exists",
     )
     parse = Hook(

@@ -17,8 +17,9 @@ import hydra
 from omegaconf import DictConfig
 
 from hydralight import lightning_namespaces
-from hydralight.config.compose import Invocation, compose_jobs, mode_known, reach_module_arguments
+from hydralight.config.compose import Invocation, compose_jobs, reach_module_arguments
 from hydralight.config.folders import SHIPPED_CONF
+from hydralight.config.hydra_internals import mode_known
 from hydralight.config.plan import Machine, RunPlan
 from hydralight.config.resolve import JobInfo
 from hydralight.config.schema import register
@@ -242,12 +243,16 @@ def main(cfg: DictConfig) -> float | None:
 
 def _ranks_asked(cfg: DictConfig, machine: Machine) -> tuple[str, int, int]:
     """(strategy, devices per node, nodes) the config asks for, read before the plan is resolved (cheaply: no
-    module is imported); nothing when it does not resolve (the plan says why)."""
+    module is imported); nothing when it does not resolve or this machine cannot hold it (the plan says why)."""
+    from hydralight.config.capacity import check_capacity
     from hydralight.config.resolve import resources
 
     try:
         hardware, framework, _ = resources(cfg, machine)
-    except Exception:  # a bad value: refused by resolve() in a moment, with the same line
+        if hardware.accelerator == "gpu" and machine.gpus < hardware.devices:
+            raise UserError("not these GPUs")
+        check_capacity(hardware, machine, bool(cfg.hardware.get("oversubscribe", False)))
+    except Exception:  # refused by resolve() or the plan's check in a moment, with its own line
         return "auto", 1, 1
     return framework.strategy, hardware.devices, hardware.num_nodes
 

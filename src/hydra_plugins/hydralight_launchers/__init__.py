@@ -4,7 +4,6 @@ launchers' logic lives in `hydralight.launch.launchers`. Kept light: Hydra impor
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.search_path_plugin import SearchPathPlugin
@@ -12,6 +11,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLaunche
 
 from hydralight.config.compose import jobs_to_check, sweep_checked
 from hydralight.config.folders import user_conf
+from hydralight.config.hydra_internals import basic_sweeper
 from hydralight.launch.launchers import HydralightLocalConf, HydralightSlurmConf, PlannedLauncherMixin
 
 
@@ -31,7 +31,10 @@ ConfigStore.instance().store(
 )
 
 
-class CheckedSweeper(BasicSweeper):
+BasicSweeper, BasicSweeperConf = basic_sweeper()
+
+
+class CheckedSweeper(BasicSweeper):  # type: ignore[misc]
     """hydra/sweeper=hydralight_basic (the default): Hydra's basic sweeper, whose check of a batch before it
     launches composes the jobs `train.py` did not check already, and of a large sweep only those that give each
     swept value once: its first job starts in seconds, not after composing every job of a 10,000-job grid."""
@@ -44,7 +47,7 @@ class CheckedSweeper(BasicSweeper):
 
 
 @dataclass
-class CheckedSweeperConf(BasicSweeperConf):
+class CheckedSweeperConf(BasicSweeperConf):  # type: ignore[misc]
     _target_: str = "hydra_plugins.hydralight_launchers.CheckedSweeper"
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydralight.config.folders import user_conf
+from hydralight.config.hydra_internals import sweep_jobs
 from hydralight.config.schema import planned_trainer_key, template_key
 from hydralight.errors import UserError
 from hydralight.rundir.launch import check_writable, shared_run_overrides
@@ -407,7 +408,6 @@ def sweep_checked(jobs: int) -> bool:
 def _sweep_jobs(invocation: Invocation, overrides: list[str]) -> list[list[str]]:
     """The overrides of every job of a basic sweep, `glob(...)` over a group's options expanded as Hydra will (the
     shipped ones and ./conf's); for another sweeper (it draws its own values), the config the sweep starts from."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -423,7 +423,7 @@ def _sweep_jobs(invocation: Invocation, overrides: list[str]) -> list[list[str]]
     )
     if basic:
         try:
-            jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+            jobs = sweep_jobs(parsed)
         except Exception as err:  # a glob() over a key that is no config group, say
             raise UserError(f"cannot read the sweep: {_unexpandable(parsed) or explain(err, overrides)}") from None
         if not jobs:
@@ -454,30 +454,15 @@ def _refuse_optuna_plugin_keys(keys: Iterable[str]) -> None:
 def _unexpandable(parsed: list[Any]) -> str | None:
     """Which sweep override Hydra cannot expand by itself, and why, when its own error names neither (a
     `range()` inside a list: `lr=range(5),abc` fails on an internal type)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
     for override in parsed:
         try:
-            BasicSweeper.split_arguments([override], None)
+            sweep_jobs([override])
         except Exception:
             return (
                 f"{override.input_line} cannot be expanded into values (a range() or glob() inside a list is not "
                 "supported): write the values out, or sweep it as one range()"
             )
     return None
-
-
-@contextlib.contextmanager
-def mode_known(mode: Any) -> Iterator[None]:
-    """While Hydra starts the run: Hydra 1.3 composes the whole config once more only to read `hydra.mode`
-    (`_run_hydra` -> the private `Hydra.get_mode`); compose_jobs has read it already, so Hydra is told.
-    tests/config/test_schema.py counts the compositions of a run."""
-    from unittest import mock
-
-    from hydra._internal.hydra import Hydra
-
-    with mock.patch.object(Hydra, "get_mode", lambda self, config_name, overrides: mode):
-        yield
 
 
 def check_composed(cfg: DictConfig) -> None:
@@ -514,11 +499,11 @@ def _added_to_a_schema(cfg: DictConfig) -> str | None:
             return None
         kind = OmegaConf.get_type(node)
         names = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
-        for key in node:
+        for key, value in node.items_ex(resolve=False):  # interpolations unresolved (`${now:...}`, `???`)
             where = path + str(key)
             if names is not None and path and key not in names:
                 return where
-            if names is not None and (found := walk(node._get_node(key), f"{where}.")):
+            if names is not None and (found := walk(value, f"{where}.")):
                 return found
         return None
 
