@@ -16,6 +16,7 @@ import ast
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -72,9 +73,11 @@ def network(r: dict) -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(hidden, 10))
 
 
-def main(data_dir: str, seed: int, **changes: object) -> tuple[float, float]:
-    """Test accuracy and the training loop's seconds."""
-    r = {**RECIPE, **changes}
+def train(
+    data_dir: str, seed: int, r: dict, rank: int = 0, world: int = 1, wrap: Any = None
+) -> tuple[nn.Module, float]:
+    """The trained network and the training loop's seconds. On `world` processes (plain_ddp.py) every rank draws
+    the same order and shifts, takes its share of each global batch, and trains `wrap(network)`."""
     layout = torch.channels_last if r["channels_last"] else torch.contiguous_format
     raw = Path(data_dir) / "MNIST" / "raw"
     torch.manual_seed(seed)
@@ -83,9 +86,11 @@ def main(data_dir: str, seed: int, **changes: object) -> tuple[float, float]:
     hold_out = min(HOLD_OUT, len(labels) // 6)  # as the project holds out of a small split (tests, smoke runs)
     keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(HOLD_OUT_SEED))[hold_out:]
     images, labels = images[keep], labels[keep]
-    model = network(r).to(memory_format=layout)
+    net = network(r).to(memory_format=layout)
+    model = wrap(net) if wrap is not None else net
     optimizer = torch.optim.Adam(model.parameters(), lr=r["peak_lr"])
     batch = r["batch"]
+    mine = slice(rank * batch // world, (rank + 1) * batch // world)
     steps = max(1, int(len(labels) // batch * r["epoch_fraction"]))
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, r["peak_lr"], total_steps=steps, pct_start=r["warmup"])
     order = torch.randperm(len(labels), generator=generator)
@@ -93,21 +98,32 @@ def main(data_dir: str, seed: int, **changes: object) -> tuple[float, float]:
     for i in range(steps):
         chosen = order[i * batch : (i + 1) * batch]
         x = images[chosen] if not r["shift"] else jitter(images[chosen], r["shift"], generator)
-        loss = F.cross_entropy(model(as_input(x, layout)), labels[chosen], label_smoothing=r["smoothing"])
+        loss = F.cross_entropy(model(as_input(x[mine], layout)), labels[chosen][mine], label_smoothing=r["smoothing"])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         schedule.step()
-    seconds = time.perf_counter() - start
-    model.eval()
-    test_images, test_labels = read_idx(raw, "t10k")
+    return net, time.perf_counter() - start
+
+
+def test_accuracy(data_dir: str, net: nn.Module, r: dict) -> float:
+    layout = torch.channels_last if r["channels_last"] else torch.contiguous_format
+    net.eval()
+    test_images, test_labels = read_idx(Path(data_dir) / "MNIST" / "raw", "t10k")
     step = r["eval_batch"]
     with torch.inference_mode():
         right = sum(
-            int((model(as_input(test_images[i : i + step], layout)).argmax(1) == test_labels[i : i + step]).sum())
+            int((net(as_input(test_images[i : i + step], layout)).argmax(1) == test_labels[i : i + step]).sum())
             for i in range(0, len(test_labels), step)
         )
-    return right / len(test_labels), seconds
+    return right / len(test_labels)
+
+
+def main(data_dir: str, seed: int, **changes: object) -> tuple[float, float]:
+    """Test accuracy and the training loop's seconds."""
+    r = {**RECIPE, **changes}
+    net, seconds = train(data_dir, seed, r)
+    return test_accuracy(data_dir, net, r), seconds
 
 
 def changes_of(words: list[str]) -> dict[str, object]:

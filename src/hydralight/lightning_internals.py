@@ -7,6 +7,7 @@ touch the way the project uses it and names this module when one moves.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -198,23 +199,24 @@ def record_loop_state(checkpoint: dict[str, Any], form: str, global_step: int) -
 # -- DDP ranks started from a saved plan --------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class RanksToStart:
+    """What a job's other ranks are started with: the saved plan they run, the list the job waits on when it
+    ends, and the ranks started early that wait to be told what to run (hydralight.rundir.launch.early_ranks)."""
+
+    plan_file: Path
+    children: list[subprocess.Popen]
+    early: list[subprocess.Popen]
+
+
 class JobScriptLauncher(_SubprocessScriptLauncher):
     """Starts ranks 1..N-1 of this node as `python -m hydralight.worker <plan file>` instead of re-executing
     `sys.argv`, which under `python train.py -m ...` would replay the whole sweep in every rank. Lightning has
     no public hook for the command of its child processes: the private launcher's `_call_children_scripts`."""
 
-    def __init__(
-        self,
-        *args: Any,
-        plan_file: Path,
-        children: list[subprocess.Popen],
-        early: list[subprocess.Popen],
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, ranks: RanksToStart, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.plan_file = plan_file
-        self.children = children
-        self.early = early
+        self.ranks = ranks
 
     def _call_children_scripts(self) -> None:
         self._check_can_spawn_children()
@@ -227,19 +229,20 @@ class JobScriptLauncher(_SubprocessScriptLauncher):
             LOCAL_RANK=str(env.local_rank()),
             WORLD_SIZE=str(self.num_processes * self.num_nodes),
         )
-        early = self.early if len(self.early) == self.num_processes - 1 else []
+        plan_file, waiting = self.ranks.plan_file, self.ranks.early
+        early = waiting if len(waiting) == self.num_processes - 1 else []
         for local_rank in range(1, self.num_processes):
             child_env = {**os.environ, "LOCAL_RANK": str(local_rank)}
             if early:  # started while this rank prepared, its imports done: told what to run
                 proc = early.pop(0)
                 assert proc.stdin is not None  # started with a pipe to read this from
-                proc.stdin.write(json.dumps({"env": child_env, "plan_file": str(self.plan_file)}) + "\n")
+                proc.stdin.write(json.dumps({"env": child_env, "plan_file": str(plan_file)}) + "\n")
                 proc.stdin.close()
             else:
-                command = [sys.executable, "-m", "hydralight.worker", str(self.plan_file)]
+                command = [sys.executable, "-m", "hydralight.worker", str(plan_file)]
                 proc = subprocess.Popen(command, env=child_env)
             self.procs.append(proc)
-        self.children.extend(self.procs)
+        self.ranks.children.extend(self.procs)
 
 
 class _PlannedRanks(ParallelStrategy):
@@ -253,23 +256,16 @@ class _PlannedRanks(ParallelStrategy):
 
         num_nodes: int
 
-    def __init__(
-        self,
-        *args: Any,
-        plan_file: Path,
-        children: list[subprocess.Popen],
-        early: list[subprocess.Popen],
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, ranks: RanksToStart, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.plan_file, self.children, self.early = plan_file, children, early
+        self.ranks = ranks
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
         if isinstance(self._launcher, _SubprocessScriptLauncher):
             self._launcher = JobScriptLauncher(
                 self.cluster_environment, self.num_processes, self.num_nodes,
-                plan_file=self.plan_file, children=self.children, early=self.early,
+                ranks=self.ranks,
             )  # fmt: skip
 
 

@@ -205,9 +205,10 @@ def main(cfg: DictConfig) -> float | None:
             # This node's other ranks start now and import while this one resolves and builds.
             with contextlib.nullcontext() if cfg.plan else early_ranks(*_ranks_asked(cfg, machine)):
                 plan = resolve(cfg, machine, job)
-                if cfg.plan:
-                    print(plan.table(), end="")
-                    discard_unused_run_dir(run_dir, keep_folder=claim is not None and not claim.made_folder)
+                if cfg.plan:  # printed, and the run dir Hydra made removed, once: by rank 0 of a torchrun launch
+                    if is_rank_zero():
+                        print(plan.table(), end="")
+                        discard_unused_run_dir(run_dir, keep_folder=claim is not None and not claim.made_folder)
                     return None
                 # `resume=RUN_DIR hydra.run.dir=OTHER` continues in RUN_DIR: the dir written is the one locked.
                 continued = Path(plan.paths.run_dir).resolve()

@@ -96,6 +96,16 @@ def test_torchrun_single_node(tiny_data, tmp_path):
     assert results(run)["metrics"]["test/samples"] == 200
 
 
+def test_torchrun_plan_true_prints_one_plan_and_leaves_no_run_dir(tmp_path):
+    # Four ranks share the run dir torchrun's launch names: rank 0 alone prints the plan and removes that dir.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+               str(ROOT / "train.py"), "hardware=4gpu", "precision=bf16-mixed", "plan=true"]  # fmt: skip
+    result = subprocess.run(command, cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stdout.count("Run plan") == 1
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").iterdir())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -195,11 +195,13 @@ def discard_unused_run_dir(path: Path, keep_folder: bool = False) -> bool:
     entries = list(path.iterdir())
     if any(e.name not in RECORD_ONLY and e.suffix != ".log" and not e.name.startswith(LOCK_LEFTOVERS) for e in entries):
         return False
-    for entry in entries:
-        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    for entry in entries:  # gone already counts as removed (another process of the launch was first)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     if keep_folder:
         return True
-    path.rmdir()
+    with contextlib.suppress(FileNotFoundError):
+        path.rmdir()
     if re.fullmatch(r"\d{4}-\d{2}-\d{2}", path.parent.name):
         with contextlib.suppress(OSError):  # the date folder Hydra made for it, when nothing else is in there
             path.parent.rmdir()

@@ -30,7 +30,7 @@ from torch import nn
 
 from hydralight.config.plan import RunPlan
 from hydralight.errors import UserError
-from hydralight.lightning_internals import CountsBackSpawnDDP, PlannedRanksDDP, PlannedRanksModelParallel
+from hydralight.lightning_internals import CountsBackSpawnDDP, PlannedRanksDDP, PlannedRanksModelParallel, RanksToStart
 from hydralight.rundir.launch import EARLY_RANKS, LAUNCHER_PID
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class JobDDPStrategy(PlannedRanksDDP):
     """DDP whose locally started ranks run the saved plan instead of replaying the command line."""
 
     def __init__(self, *args: Any, plan_file: Path, **kwargs: Any) -> None:
-        super().__init__(*args, plan_file=plan_file, children=_children, early=_early, **kwargs)
+        super().__init__(*args, ranks=RanksToStart(plan_file, _children, _early), **kwargs)
 
 
 class SpawnDDPStrategy(CountsBackSpawnDDP):
@@ -83,7 +83,7 @@ class JobFSDPStrategy(PlannedRanksModelParallel):
     ) -> None:  # fmt: skip
         super().__init__(
             data_parallel_size=world_size, tensor_parallel_size=1, save_distributed_checkpoint=sharded_checkpoint,
-            plan_file=plan_file, children=_children, early=_early, **kwargs,
+            ranks=RanksToStart(plan_file, _children, _early), **kwargs,
         )  # fmt: skip
         self.shard, self.mixed_precision = list(shard), mixed_precision
         self.measured = False
