@@ -43,12 +43,17 @@ def timed(fn, repeats: int) -> dict[str, float]:
     return summary([fn() for _ in range(repeats)])
 
 
+def with_scripts() -> str:
+    """PYTHONPATH for a run that loads the benchmark's callbacks (scripts/), keeping the caller's own."""
+    return os.pathsep.join(p for p in (str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def run(command: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> tuple[float, str]:
     start = time.perf_counter()
     result = subprocess.run(command, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if result.returncode:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-12000:]}")
     return seconds, result.stdout + result.stderr
 
 
@@ -311,7 +316,7 @@ def startup(data_dir: str, repeats: int, out: Path) -> dict:
                 "data.val_size=100",
                 f"hydra.run.dir={tempfile.mkdtemp(dir=out)}",
             ],  # fmt: skip
-            {"DATA_DIR": data_dir, "PYTHONPATH": str(ROOT / "scripts")},
+            {"DATA_DIR": data_dir, "PYTHONPATH": with_scripts()},
         )
         return float(re.findall(r"first step done at (\d+\.\d+)", output)[0]) - start
 
@@ -398,7 +403,7 @@ def scaling(data_dir: str, steps: int, repeats: int, out: Path) -> dict:
                              "trainer.limit_test_batches=1", "logger=none", "data.val_size=100",
                              "+callbacks.clock._target_=bench_clock.StepClock", f"+callbacks.clock.warmup={steps // 5}",
                              f"hydra.run.dir={tempfile.mkdtemp(dir=out)}"],
-                            {"DATA_DIR": data_dir, "PYTHONPATH": str(ROOT / "scripts")})  # fmt: skip
+                            {"DATA_DIR": data_dir, "PYTHONPATH": with_scripts()})  # fmt: skip
             return 128 * float(re.findall(r"steady steps per second (\d+\.\d+)", output)[0])
 
         results[f"{devices}_process_samples_per_s"] = timed(once, repeats)
@@ -527,7 +532,7 @@ def cheap_step(
              f"data.val_size={val_size}", "+callbacks.clock._target_=bench_clock.StepWindowClock",
              f"+callbacks.clock.first={first}", f"+callbacks.clock.last={last}", *overrides,
              f"hydra.run.dir={tempfile.mkdtemp(dir=out)}"],
-            {"DATA_DIR": data_dir, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "scripts")},
+            {"DATA_DIR": data_dir, "OMP_NUM_THREADS": "1", "PYTHONPATH": with_scripts()},
         )  # fmt: skip
         return float(re.findall(r"ms per step (\d+\.\d+)", output)[-1])
 

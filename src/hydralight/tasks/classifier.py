@@ -26,6 +26,8 @@ from hydralight.errors import UserError
 from hydralight.tasks.nets import MNIST_SHAPE, build_net
 
 ADAM = {"_target_": "torch.optim.Adam", "_partial_": True}
+# torch.compile modes that replay CUDA graphs: their outputs live in a memory pool the next replay overwrites.
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class Classifier(pl.LightningModule):
@@ -104,7 +106,23 @@ class Classifier(pl.LightningModule):
         x = x.to(self.dtype)
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        return self._runner()(x)
+        if not self._replays_graphs(x):
+            return self._runner()(x)
+        # Each call is a step of its own, and what it hands back outlives the next replay (a logged value, a
+        # loss still to be backpropagated through after a validation): a copy of its own.
+        torch.compiler.cudagraph_mark_step_begin()
+        return self._runner()(x).clone()
+
+    def _replays_graphs(self, x: torch.Tensor) -> bool:
+        return self.compile_mode in CUDA_GRAPH_MODES and x.is_cuda
+
+    def on_after_backward(self) -> None:
+        # Gradients computed by a replayed graph are in its pool too: copied before the next replay overwrites
+        # them (an accumulated micro-batch, the optimizer of a later step, the model moved at the end).
+        if self.compile_mode in CUDA_GRAPH_MODES:
+            for param in self.net.parameters():
+                if param.grad is not None and param.grad.is_cuda:
+                    param.grad = param.grad.clone()
 
     def _runner(self) -> nn.Module:
         """The network, compiled on first use when asked (on the device it trains on, after DDP wrapped it)."""
