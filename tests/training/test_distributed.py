@@ -295,6 +295,8 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tiny_data, tmp_p
                  "+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.05"]  # fmt: skip
     first = run_cli([*LONGER, *signal_at], run, tiny_data, PYTHONPATH=str(HELPERS))
     assert first.returncode == 128 + 15, first.stderr[-2000:]
+    said = (first.stdout + first.stderr).count("checkpoint saved at step")
+    assert said == 1, first.stdout[-2000:]  # the run says it once, not each rank
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert 3 <= saved < 45  # 3 epochs of 15 steps: stopped before the end
     assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"

@@ -84,8 +84,9 @@ class Preemption(Callback):
         log_step_metrics_now(trainer)
         write_checkpoint(trainer, self.checkpoint_path)
         requeued = requested == REQUEUE and trainer.is_global_zero and self._requeue()
-        what = "requeued" if requeued else "stopped"
-        log.warning(f"checkpoint saved at step {trainer.global_step} to {self.checkpoint_path}; run {what}")
+        if trainer.is_global_zero:  # one line for the run, not one per rank
+            what = "requeued" if requeued else "stopped"
+            log.warning(f"checkpoint saved at step {trainer.global_step} to {self.checkpoint_path}; run {what}")
         raise Interrupted(0 if requeued else 128 + signal.SIGTERM)
 
     def _requeue(self) -> bool:
