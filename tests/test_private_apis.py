@@ -216,6 +216,27 @@ def test_hydra_reads_the_mode_through_the_hook_the_project_answers() -> None:
     assert "get_mode(" in run_hydra, hook.moved("_run_hydra no longer asks for the mode this way")
 
 
+def test_hydra_composes_a_run_through_the_hook_the_project_answers() -> None:
+    """Hydra 1.3 composes a single run's config when it starts it; the project hands it the config its check
+    composed, and does what Hydra's compose_config does after composing."""
+    hook = Hook("hydra", "hydra._internal.hydra.Hydra.compose_config", "config/hydra_internals.py",
+                "handing Hydra the run's config the command line's check composed, instead of composing again")  # fmt: skip
+    hydra_cls = reach("hydra._internal.hydra.Hydra")
+    assert hydra_cls is not ABSENT, hook.moved("Hydra can no longer be imported from there")
+    parameters = list(inspect.signature(dig(hydra_cls, "compose_config")).parameters)
+    expected = ["self", "config_name", "overrides", "run_mode", "with_log_configuration", "from_shell",
+                "validate_sweep_overrides"]  # fmt: skip
+    assert parameters == expected, hook.moved(f"its parameters are {parameters}")
+    body = inspect.getsource(dig(hydra_cls, "compose_config"))
+    after = body.split("load_configuration(", 1)[-1]
+    for step in ("configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)", "log = logging.getLogger(__name__)",
+                 "self._print_debug_info(config_name, overrides, run_mode)"):  # fmt: skip
+        assert step in after, hook.moved(f"after composing it no longer does {step}")
+    assert "self.compose_config(" in inspect.getsource(dig(hydra_cls, "run")), hook.moved("run composes otherwise")
+    run_app = inspect.getsource(reach("hydra._internal.utils._run_app"))
+    assert 'overrides.extend(["hydra.mode=RUN"])' in run_app, hook.moved("a run's mode is no longer added this way")
+
+
 def test_basic_sweeper_is_extended_as_the_default_sweeper() -> None:
     hook = Hook("hydra", "hydra._internal.core_plugins.basic_sweeper.BasicSweeper.validate_batch_is_legal",
                 "config/hydra_internals.py, src/hydra_plugins/hydralight_launchers/__init__.py",

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from hydralight import lightning_namespaces
 from hydralight.config.compose import Invocation, compose_jobs, reach_module_arguments
 from hydralight.config.folders import SHIPPED_CONF
-from hydralight.config.hydra_internals import mode_known
+from hydralight.config.hydra_internals import mode_known, run_composed
 from hydralight.config.plan import Machine, RunPlan
 from hydralight.config.resolve import JobInfo
 from hydralight.config.schema import register
@@ -37,6 +37,8 @@ lightning_namespaces.install()
 
 # conf/ of the repository, inside the package too, so an installed (non-editable) copy finds them.
 CONFIG_DIR = str(SHIPPED_CONF)
+# What Hydra names the job (`hydra.job.name`, the log file's name): the module of its task function, `main`.
+JOB_NAME = "train"
 # The run dir `cli` claimed and locked before Hydra wrote its record there (a named dir of a single run), and
 # that record (folder, files) as it was: a refused run puts it back.
 _claimed_before_hydra: Claim | None = None
@@ -274,7 +276,8 @@ def _start(invocation: Invocation) -> None:
     # Every job's config is composed and type-checked first: a wrong value is one line, before any run dir.
     modes: set = set()
     invocation = reach_module_arguments(CONFIG_DIR, "train", invocation)
-    configs = compose_jobs(CONFIG_DIR, "train", invocation, modes)
+    composed: list = []  # a single run's config, composed once: Hydra runs it as it is
+    configs = compose_jobs(CONFIG_DIR, "train", invocation, modes, composed, JOB_NAME)
     if invocation.print_only:
         from hydralight.config.resolve import resources
 
@@ -294,9 +297,10 @@ def _start(invocation: Invocation) -> None:
     # command line sets it: those overrides are Hydra's, not composed above).
     read = len(modes) == 1 and not any("hydra.mode" in arg for arg in invocation.argv)
     known = mode_known(modes.pop()) if read else contextlib.nullcontext()
+    handed = run_composed(composed[0], invocation.hydra_overrides) if composed else contextlib.nullcontext()
     # A named run dir is locked before Hydra writes its record there, so a live run is left untouched.
     named = invocation.fixed_run_dir()
-    with known:
+    with known, handed:
         if named is None or not is_rank_zero():
             main()
             return

@@ -97,7 +97,7 @@ finally:
 
 @pytest.mark.parametrize(
     ("args", "composed", "plans"),
-    [([], 2, 1), (["-m", "seed=1,2"], 3, 2), (["hydra.mode=MULTIRUN", "seed=1,2"], 3, 2)],
+    [([], 1, 1), (["-m", "seed=1,2"], 3, 2), (["hydra.mode=MULTIRUN", "seed=1,2"], 3, 2)],
 )
 def test_hydra_reads_the_run_mode_without_composing_again(args, composed, plans, tmp_path):
     """Hydra 1.3 composes everything once more only to read hydra.mode; the project has read it (one compose
@@ -110,6 +110,44 @@ def test_hydra_reads_the_run_mode_without_composing_again(args, composed, plans,
     counted = int(result.stderr.rsplit("composed ", 1)[1].split()[0])
     asked_hydra = 1 if "hydra.mode=MULTIRUN" in args else 0
     assert counted == composed + asked_hydra and result.stdout.count("Run plan") == plans, result.stdout[-2000:]
+
+
+RUN_CONFIG = """\
+import contextlib, sys
+from hydra._internal import hydra
+from omegaconf import OmegaConf
+import hydralight.train as train
+
+if sys.argv.pop(1) == "hydra-composes":  # the handover off: Hydra composes the run itself
+    train.run_composed = lambda cfg, composed_with: contextlib.nullcontext()
+run_job = hydra.run_job
+
+def recorded(**kwargs):
+    print("RUN CONFIG", OmegaConf.to_yaml(kwargs["config"]), "END", file=sys.stderr, flush=True)
+    return run_job(**kwargs)
+
+hydra.run_job = recorded
+train.cli()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args", [["experiment=fast", "optim.lr=2e-3", "hydra.run.dir=RUN"], ["seed=3", "+hydra.job.env_set.A=1"]]
+)
+def test_a_run_is_composed_once_and_runs_the_config_hydra_would_compose(args, tmp_path):
+    """The config the command line's check composed is the one Hydra runs (Hydra does not compose it again):
+    the same, key for key, as the config Hydra composes itself."""
+    script = tmp_path / "record.py"
+    script.write_text(RUN_CONFIG)
+    configs = []
+    for way in ("handed", "hydra-composes"):
+        given = [a.replace("RUN", str(tmp_path / "run")) for a in args]  # without it: a dated dir in outputs/
+        command = [sys.executable, str(script), way, *given, "plan=true"]
+        result = run_python(command, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        configs.append(result.stderr.split("RUN CONFIG", 1)[1].split("END", 1)[0])
+    assert configs[0] == configs[1] and "mode: RUN" in configs[0]
 
 
 def test_a_good_config_composes_with_its_types():

@@ -64,6 +64,11 @@ class Invocation:
         return found
 
     @property
+    def hydra_overrides(self) -> list[str]:
+        """The overrides Hydra runs a single run with (`hydra_argv`): the command line's and the project's own."""
+        return Invocation(tuple(self.hydra_argv())).override_args
+
+    @property
     def overrides(self) -> list[str]:
         """The config overrides, without Hydra's flags and Hydra's own keys."""
         return [arg for arg in self.override_args if not arg.lstrip("+~").startswith("hydra")]
@@ -260,11 +265,19 @@ def reach_module_arguments(config_dir: str, config_name: str, invocation: Invoca
 
 
 def compose_jobs(
-    config_dir: str, config_name: str, invocation: Invocation, hydra_modes: set | None = None
+    config_dir: str,
+    config_name: str,
+    invocation: Invocation,
+    hydra_modes: set | None = None,
+    for_hydra: list[DictConfig] | None = None,
+    job_name: str | None = None,
 ) -> list[DictConfig]:
     """Compose the config of the run, or of every job of a `-m` sweep, as Hydra will; a wrong type or
     choice is a UserError naming the key, the value and what is allowed. `hydra_modes` receives the
-    `hydra.mode` each job's config sets (None: the command line decides)."""
+    `hydra.mode` each job's config sets (None: the command line decides). `for_hydra` receives a single run's
+    whole config (Hydra's node included), composed with the overrides Hydra runs it with, to be handed to Hydra
+    (hydra_internals.run_composed) instead of composing it again; `job_name` is Hydra's name of the job
+    (`hydra.job.name`)."""
     from hydra import compose, initialize_config_dir
 
     from hydralight.config.schema import explain
@@ -278,11 +291,13 @@ def compose_jobs(
     for line in shadowed_options(config_dir):
         print(f"note: {line}", file=sys.stderr, flush=True)
     overrides = invocation.overrides
-    jobs = [overrides]
+    # A single run handed to Hydra is composed with Hydra's keys too, as Hydra will compose it.
+    jobs = [invocation.hydra_overrides if for_hydra is not None and not invocation.multirun else overrides]
     searched = [a for a in overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
     _refuse_optuna_plugin_keys(a.lstrip("+").split("=", 1)[0] for a in invocation.override_args)
     configs = []
-    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+    named = {"job_name": job_name} if job_name else {}  # else the compose API's own default
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3", **named):
         checked = list(enumerate(jobs))
         groups: frozenset[str] = frozenset()
         first: DictConfig | None = None  # job 0's config, when it was composed to learn the groups
@@ -315,6 +330,8 @@ def compose_jobs(
                 raise UserError(prefix + explain(err, job)) from None
             if hydra_modes is not None:
                 hydra_modes.add(cfg.hydra.get("mode"))
+            if for_hydra is not None and not invocation.multirun:
+                for_hydra.append(copy.deepcopy(cfg))  # before the check below takes Hydra's node off
             # A search preset may set multirun itself (`hydra: {mode: MULTIRUN}`, as the template's do).
             if (
                 searched

@@ -35,3 +35,56 @@ def mode_known(mode: Any) -> Iterator[None]:
 
     with mock.patch.object(Hydra, "get_mode", lambda self, config_name, overrides: mode):
         yield
+
+
+@contextlib.contextmanager
+def run_composed(cfg: Any, composed_with: list[str]) -> Iterator[None]:
+    """While Hydra starts a single run: Hydra 1.3 composes the run's config itself (`Hydra.run` -> the private
+    `Hydra.compose_config`), and the command line's check has composed that config already, with the same
+    overrides (`cfg`, Hydra's node included): it is handed over once, so that a run is composed once. When no
+    config sets the mode, Hydra composes with `hydra.mode=RUN` added; it is set on `cfg` as that composition sets
+    it. Any other composition (other overrides, a sweep's) is Hydra's own. tests/test_private_apis.py checks the
+    hook, tests/config/test_schema.py that the handed config is the one Hydra composes itself."""
+    import logging
+    from unittest import mock
+
+    from hydra._internal import hydra as hydra_module
+    from hydra.core.utils import configure_log
+    from hydra.types import RunMode
+    from omegaconf import open_dict, read_write
+
+    real = hydra_module.Hydra.compose_config
+    pending = [cfg]
+
+    def compose_config(
+        self: Any,
+        config_name: str | None,
+        overrides: list[str],
+        run_mode: Any,
+        with_log_configuration: bool = False,
+        from_shell: bool = True,
+        validate_sweep_overrides: bool = True,
+    ) -> Any:
+        given = list(overrides)
+        added = given[len(composed_with) :]
+        same = bool(pending) and run_mode == RunMode.RUN and given[: len(composed_with)] == composed_with
+        if not same or added not in ([], ["hydra.mode=RUN"]) or (added and pending[0].hydra.mode is not None):
+            return real(
+                self, config_name, given, run_mode, with_log_configuration, from_shell, validate_sweep_overrides
+            )
+        kept = pending.pop()
+        if added:
+            with read_write(kept.hydra), open_dict(kept.hydra):
+                kept.hydra.mode = RunMode.RUN
+                kept.hydra.overrides.hydra.append("hydra.mode=RUN")
+        if with_log_configuration:  # what Hydra's compose_config does after composing
+            configure_log(kept.hydra.hydra_logging, kept.hydra.verbose)
+            hydra_module.log = logging.getLogger(hydra_module.__name__)
+            self._print_debug_info(config_name, given, run_mode)
+        return kept
+
+    if cfg is None:
+        yield
+        return
+    with mock.patch.object(hydra_module.Hydra, "compose_config", compose_config):
+        yield
