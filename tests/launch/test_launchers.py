@@ -1,6 +1,9 @@
 """The launchers' own decisions: the GPUs each local job gets (in-process, and as a real local launch's jobs see
 them), a job's progress read from its dir."""
 
+import sys
+from pathlib import Path
+
 import pytest
 from conftest import run_cli
 
@@ -120,14 +123,31 @@ def test_a_sweep_waiting_on_a_terminal_draws_a_live_table_of_its_jobs_and_off_on
     assert re.search(r"#1 \(\d+\): COMPLETED, at step \d+, val/acc=[\d.]+", said), said[-3000:]
 
 
-def test_plan_true_on_the_slurm_launcher_prints_each_jobs_request_and_plan_and_submits_nothing(tmp_path):
+# A laptop's PATH: no SLURM commands on it (the Python of this environment is named by its path).
+NO_SLURM = {"PATH": str(Path(sys.executable).parent)}
+
+
+@pytest.mark.parametrize("host", ["login node", "laptop"])
+def test_plan_true_on_the_slurm_launcher_prints_each_jobs_request_and_plan_and_submits_nothing(host, tmp_path):
     # Nothing reaches sbatch: planned from a laptop, or a login node, without a job.
     sweep_dir = tmp_path / "sweep"
     result = run_cli(["-m", "hydra/launcher=slurm", "hardware=1gpu,8gpu", "plan=true", f"hydra.sweep.dir={sweep_dir}",
-                      f"hydra.launcher.submitit_folder={tmp_path / 'submitit'}"], tmp_path)  # fmt: skip
+                      f"hydra.launcher.submitit_folder={tmp_path / 'submitit'}"], tmp_path,
+                     **(NO_SLURM if host == "laptop" else {}))  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("Run plan") == 2
     said = result.stdout + result.stderr
     assert "#0 would ask slurm for cpus_per_task=8, gpus_per_node=1, mem_gb=64, nodes=1, tasks_per_node=1" in said
     assert "gpus_per_node=8" in said and "nothing is submitted" in said
     assert not (tmp_path / "submitit").exists() and [p.name for p in sweep_dir.iterdir()] == ["multirun.yaml"]
+
+
+def test_a_slurm_sweep_from_a_host_without_slurm_is_one_line_and_leaves_nothing(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli(["-m", "hydra/launcher=slurm", "hardware=1gpu,8gpu", f"hydra.sweep.dir={sweep_dir}",
+                      f"hydra.launcher.submitit_folder={tmp_path / 'submitit'}"], tmp_path, **NO_SLURM)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "srun, sbatch" in lines[0] and "plan=true" in lines[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert not sweep_dir.exists() and not (tmp_path / "submitit").exists()

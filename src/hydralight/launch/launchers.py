@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -264,8 +265,6 @@ class PlannedLauncherMixin:
         folder = params.pop("submitit_folder")
         max_num_timeout = params.pop("max_num_timeout", 0)
         init = {f"{self._EXECUTOR}_max_num_timeout": max_num_timeout}
-        # A dry run only writes scripts: it needs no SLURM binaries on this host.
-        executor = None if dry_run else submitit.AutoExecutor(folder=folder, cluster=self._EXECUTOR, **init)
         generic = set(OmegaConf.structured(BaseQueueConf).keys())
         base = {k if k in generic else f"{self._EXECUTOR}_{k}": v for k, v in params.items() if k not in RESOURCE_KEYS}
 
@@ -290,8 +289,16 @@ class PlannedLauncherMixin:
             arguments.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
 
+        # A plan and a dry run only print or write: they need no SLURM commands on this host.
         if all(bool(cfg.get("plan")) for cfg in planned_only):
             return self._plans_here(job_overrides, initial_job_idx, groups)
+        if self._EXECUTOR == "slurm" and not dry_run and shutil.which("srun") is None:
+            discard_unused_run_dir(Path(str(self.config.hydra.sweep.dir)))  # Hydra's multirun.yaml only
+            raise UserError(
+                "hydra/launcher=slurm submits with SLURM's commands (srun, sbatch), which this machine does not "
+                "have: run the sweep on a host of your cluster; here, plan=true prints each job's request and plan, "
+                "hydra.launcher.dry_run=true writes the job scripts"
+            )
         # Every job is sized (or refused) before the sweep dir exists.
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -300,7 +307,7 @@ class PlannedLauncherMixin:
         if dry_run:
             writer = script_writer(folder, self._EXECUTOR, max_num_timeout)
             return self._write_scripts(writer, base, groups, sweep_dir, initial_job_idx)
-        assert executor is not None  # made for every run but a dry one
+        executor = submitit.AutoExecutor(folder=folder, cluster=self._EXECUTOR, **init)
         jobs: list[Any] = [None] * len(arguments)
         submissions: list[tuple[Any, list[int], tuple[int, ...] | None]] = [(r, i, None) for r, i in groups.items()]
         if self._EXECUTOR == "local":  # jobs run side by side here: each its own GPUs, one submission a job
