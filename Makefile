@@ -52,5 +52,6 @@ slurm-down: ## stop the daemons slurm-up started, remove its namespaced nodes
 report: ## table and plots of a sweep: make report SWEEP=multirun/<date>/<time>
 	$(BIN)/python -m hydralight.report $(SWEEP)
 
+# CORE_PYTHON=<python of an environment holding the project alone> adds the install rows (extras' start-up cost).
 bench: ## benchmark suite on the real MNIST in DATA_DIR; writes benchmarks/RESULTS.md and results.png
-	$(BIN)/python scripts/benchmark.py
+	$(BIN)/python scripts/benchmark.py $(if $(CORE_PYTHON),--core-python $(CORE_PYTHON))

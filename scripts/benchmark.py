@@ -11,6 +11,9 @@
 7. keyed dropout: a training step of the default network with per-sample keyed dropout vs torch's dropout
 8. cheap step: ms per optimizer step of a cheap step: plain loop, bare Lightning, the project's `train.py`
 9. sweeps: process start to the first job of a 10,000-job grid vs a 4-job grid; the report over 1,000 job dirs
+10. install: the same runs in an environment of the project alone (`--core-python`, `pip install hydralight`)
+   and in this one (the extras too): `import pytorch_lightning`, experiment=fast against the plain floor, the
+   first step beyond torch's import. Measured only when --core-python is given.
 
 Every figure is the median of --repeats runs with min and max. Results go to benchmarks/RESULTS.md
 and benchmarks/results.png (or --out). Needs the real MNIST in DATA_DIR, except with --smoke, which
@@ -205,9 +208,9 @@ def tiny(smoke: bool) -> list[str]:
     return ["data.val_size=100", "trainer.limit_train_batches=5", "batch.eval_size=50"] if smoke else []
 
 
-def fast_command(smoke: bool) -> list[str]:
+def fast_command(smoke: bool, python: str = sys.executable) -> list[str]:
     """`train.py experiment=fast` as timed here."""
-    return [*TRAIN, "experiment=fast", "hardware=cpu", "logger=none", *tiny(smoke)]
+    return [python, str(ROOT / "train.py"), "experiment=fast", "hardware=cpu", "logger=none", *tiny(smoke)]
 
 
 def time_to_99(data_dir: str, repeats: int, smoke: bool, out: Path) -> dict:
@@ -300,33 +303,72 @@ def recipe_table(t: dict) -> list[str]:
 
 
 # 5. Start-up ---------------------------------------------------------------------------------------
+def first_step_seconds(data_dir: str, out: Path, python: str = sys.executable) -> float:
+    """Process start to the end of experiment=fast's first training step (a clock callback says when)."""
+    start = time.time()
+    _, output = run(
+        [
+            python,
+            str(ROOT / "train.py"),
+            "experiment=fast",
+            "hardware=cpu",
+            "logger=none",
+            "trainer.max_steps=1",
+            "+callbacks.clock._target_=bench_clock.FirstStepClock",
+            "data.val_size=100",
+            f"hydra.run.dir={tempfile.mkdtemp(dir=out)}",
+        ],  # fmt: skip
+        {"DATA_DIR": data_dir, "PYTHONPATH": with_scripts()},
+    )
+    return float(re.findall(r"first step done at (\d+\.\d+)", output)[0]) - start
+
+
 def startup(data_dir: str, repeats: int, out: Path) -> dict:
     cfg_job = timed(lambda: run([*TRAIN, "--cfg", "job"])[0], repeats)
-
-    def first_step() -> float:
-        start = time.time()
-        _, output = run(
-            [
-                *TRAIN,
-                "experiment=fast",
-                "hardware=cpu",
-                "logger=none",
-                "trainer.max_steps=1",
-                "+callbacks.clock._target_=bench_clock.FirstStepClock",
-                "data.val_size=100",
-                f"hydra.run.dir={tempfile.mkdtemp(dir=out)}",
-            ],  # fmt: skip
-            {"DATA_DIR": data_dir, "PYTHONPATH": with_scripts()},
-        )
-        return float(re.findall(r"first step done at (\d+\.\d+)", output)[0]) - start
-
     # torch's own import on the same machine, interleaved with the runs: what any torch program pays first.
     torch_import, first = [], []
     for _ in range(repeats):
         torch_import.append(run([sys.executable, "-c", "import torch"])[0])
-        first.append(first_step())
+        first.append(first_step_seconds(data_dir, out))
     return {"cfg_job_s": cfg_job, "first_step_s": summary(first), "torch_import_s": summary(torch_import),
             "first_step_beyond_torch_s": statistics.median(first) - statistics.median(torch_import)}  # fmt: skip
+
+
+# 10. install: the project alone against the project with its extras -----------------------------------
+def install_extras(data_dir: str, repeats: int, out: Path, smoke: bool, core_python: str) -> dict:
+    """The same runs side by side in two environments: `core_python`'s holds the project and its dependencies
+    only (`pip install hydralight`), this one the extras too (`pip install -e '.[dev]'`: scipy, matplotlib, ...).
+    torchmetrics, which Lightning imports at its own import, imports scipy.signal and matplotlib whenever they
+    are installed. Per repeat, interleaved: `import torch` and `import pytorch_lightning` in each,
+    experiment=fast (2 threads) in each and the plain floor, and the first step of the core install."""
+    envs = {"core": core_python, "extras": sys.executable}
+    figures: dict[str, list[float]] = {}
+    accs: dict[str, list[float]] = {"core": [], "extras": []}
+
+    def add(name: str, value: float) -> None:
+        figures.setdefault(name, []).append(value)
+
+    threads = {"DATA_DIR": data_dir, "OMP_NUM_THREADS": "2"}
+    for seed in SEEDS[:repeats]:
+        for side, python in envs.items():
+            add(f"{side}_torch_import_s", run([python, "-c", "import torch"])[0])
+            add(f"{side}_lightning_import_s", run([python, "-c", "import pytorch_lightning"])[0])
+            command = [*fast_command(smoke, python), f"seed={seed}", f"hydra.run.dir={tempfile.mkdtemp(dir=out)}"]
+            seconds, acc = until_result(command, threads)
+            add(f"{side}_fast_s", seconds)
+            accs[side].append(acc)
+        add("plain_s", until_result([core_python, str(PLAIN_FLOOR), data_dir, str(seed)], threads)[0])
+        add("core_first_step_s", first_step_seconds(data_dir, out, core_python))
+    median = {name: statistics.median(values) for name, values in figures.items()}
+    return {
+        **{name: summary(values) for name, values in figures.items()},
+        "test_acc": accs,
+        "lightning_import_ratio": median["core_lightning_import_s"] / median["extras_lightning_import_s"],
+        "fast_ratio": median["core_fast_s"] / median["extras_fast_s"],
+        "core_vs_plain": median["core_fast_s"] / median["plain_s"],
+        "extras_vs_plain": median["extras_fast_s"] / median["plain_s"],
+        "core_first_step_beyond_torch_s": median["core_first_step_s"] - median["core_torch_import_s"],
+    }
 
 
 # 9. sweeps: the first job of a large grid, the report of many jobs ----------------------------------
@@ -573,6 +615,8 @@ def fmt(stat: dict, digits: int = 2) -> str:
 
 
 # How each benchmark measures, said beside its rows.
+# experiment=fast against the plain floor, by thread count.
+TIME_TO_99_GOALS = {"1": "<= 1.10", "2": "<= 1.15"}
 METHODS = {
     "framework": "same FastCNN, batches and Adam, 300 steps each side, interleaved; 2 threads; median of pair ratios",
     "data": "200 batches of 128 through each loader",
@@ -587,6 +631,9 @@ METHODS = {
     "the median of each repeat's ratio",
     "sweeps": "whole process, start to Hydra's `#0 :` line (job 0 starting), 100 x 100 vs 2 x 2 grid, interleaved; "
     "the report: whole process over copies of one real job dir",
+    "install": "two environments side by side (the project alone: pip install hydralight; the project with its dev "
+    "extras), interleaved per seed 0 to repeats - 1: imports, experiment=fast and the plain floor whole process to "
+    "`test/acc` (2 threads), the first step by a clock callback",
 }
 
 
@@ -603,7 +650,7 @@ def rows_of(results: dict) -> list[tuple[str, str, str, str, str]]:
         for n, ratio in t["vs_plain"].items():
             fast, plain = (summary(t[side]["by_threads"][n]["seconds"]) for side in ("fast", "plain"))
             rows.append(("time_to_99", f"time to 99%: experiment=fast / plain floor, {n} thread{'s' * (n != '1')}",
-                         f"{ratio:.2f}", "<= 1.3", f"{fmt(fast)} s vs {fmt(plain)} s"))  # fmt: skip
+                         f"{ratio:.2f}", TIME_TO_99_GOALS.get(n, "-"), f"{fmt(fast)} s vs {fmt(plain)} s"))  # fmt: skip
         accs = t["fast"]["test_acc"]
         rows.append(("time_to_99", "time to 99%: experiment=fast test acc, worst seed and thread count",
                      f"{min(accs):.4f}", ">= 0.991", f"mean {statistics.mean(accs):.4f} over {len(accs)} runs "
@@ -641,6 +688,19 @@ def rows_of(results: dict) -> list[tuple[str, str, str, str, str]]:
              f"its default callbacks and CSV history); ratio by repeat {fmt(c['project_vs_lightning_by_repeat'])}"),
             ("cheap_step", "cheap step: bare Lightning / plain loop ms per step", f"{c['lightning_vs_plain']:.2f}", "-",
              f"{ms['lightning']} vs {ms['plain']} ms; ratio by repeat {fmt(c['lightning_vs_plain_by_repeat'])}"),
+        ]  # fmt: skip
+    if (i := results.get("install")) is not None:
+        rows += [
+            ("install", "install: `import pytorch_lightning`, project alone / with its extras",
+             f"{i['lightning_import_ratio']:.2f}", "-",
+             f"{fmt(i['core_lightning_import_s'])} s vs {fmt(i['extras_lightning_import_s'])} s"),
+            ("install", "install: experiment=fast / plain floor, project alone, 2 threads", f"{i['core_vs_plain']:.2f}",
+             "<= 1.15", f"{fmt(i['core_fast_s'])} s vs {fmt(i['plain_s'])} s; with the extras "
+             f"{fmt(i['extras_fast_s'])} s ({i['extras_vs_plain']:.2f}); test acc {min(i['test_acc']['core']):.4f} "
+             "at worst"),
+            ("install", "install: first step beyond torch's own import, project alone",
+             f"{i['core_first_step_beyond_torch_s']:.2f} s", "<= 1.0 s",
+             f"{fmt(i['core_first_step_s'])} s vs `import torch` {fmt(i['core_torch_import_s'])} s"),
         ]  # fmt: skip
     if (w := results.get("sweeps")) is not None:
         rows += [
@@ -718,6 +778,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks")
     parser.add_argument("--only", default=None, help="comma-separated benchmarks to measure again (e.g. keyed_dropout); "
                         "the others keep their figures from the last full run in --out")  # fmt: skip
+    parser.add_argument("--core-python", default=None, help="the Python of an environment holding the project alone "
+                        "(pip install hydralight, no extras): measures the install benchmark")  # fmt: skip
     args = parser.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -745,8 +807,11 @@ def main() -> int:
             data_dir, (2, 5) if args.smoke else (100, 800), repeats if args.smoke else 3 * repeats, work, args.smoke
         ),
         "sweeps": lambda: sweeps(data_dir, repeats, work, args.smoke),
+        "install": lambda: install_extras(data_dir, repeats, work, args.smoke, args.core_python),
     }
     chosen = args.only.split(",") if args.only else list(suite)
+    if args.core_python is None:  # no second environment to compare with: its row stays as last measured
+        chosen = [name for name in chosen if name != "install"]
     earlier = json.loads((out / "results.json").read_text()) if args.only and (out / "results.json").is_file() else {}
     today = time.strftime("%Y-%m-%d")
     here = machine()
