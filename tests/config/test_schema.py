@@ -37,6 +37,9 @@ REJECTED = [
     ("+trainer.devices=2", "trainer.devices is set by the plan; set hardware.devices instead"),
     ("objective.metric=test/acc", "objective.metric=test/acc is a test metric"),
     ("seed=1,2", "seed=1,2 holds a list of values: add -m to sweep over them"),
+    # Hydra's own keys: the run's one composition checks them too.
+    ("hydra.job.chdir=maybe", "hydra.job.chdir=maybe is not true or false"),
+    ("hydra/launcher=nonesuch", "launcher=nonesuch is not an option of launcher; use one of basic"),
 ]
 
 
