@@ -39,7 +39,7 @@ REJECTED = [
     ("seed=1,2", "seed=1,2 holds a list of values: add -m to sweep over them"),
     # Hydra's own keys: the run's one composition checks them too.
     ("hydra.job.chdir=maybe", "hydra.job.chdir=maybe is not true or false"),
-    ("hydra/launcher=nonesuch", "launcher=nonesuch is not an option of launcher; use one of basic"),
+    ("hydra/launcher=nonesuch", "error: hydra/launcher=nonesuch is not an option of hydra/launcher; use one of basic"),
 ]
 
 

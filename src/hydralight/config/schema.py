@@ -314,7 +314,8 @@ def explain(err: BaseException, overrides: list[str]) -> str:
         )
     if m := re.search(r"Could not find '([\w/]+)/([^']+)'(?s:.*?)Available options in '[\w/]+':\n((?:\t.*\n?)*)", text):
         options = ", ".join(o.strip() for o in m.group(3).split() if o.strip())
-        group = m.group(1).split("/")[-1]
+        # Hydra's own groups are named with their path on the command line (hydra/launcher=...).
+        group = m.group(1) if m.group(1).startswith("hydra/") else m.group(1).split("/")[-1]
         return f"{group}={m.group(2)} is not an option of {group}; use one of {options}"
     first = next((line.strip() for line in str(causes[-1]).splitlines() if line.strip()), type(causes[-1]).__name__)
     return f"{where}: {first}" if where else first
