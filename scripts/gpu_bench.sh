@@ -11,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEATS=${1:-3}
 PARTS=${2:-runs cheap graphs}
+has() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT=benchmarks/gpu
 PY=${PYTHON:-python}
 mkdir -p "$OUT"
@@ -52,7 +53,6 @@ if has runs; then
   variant "bf16, batch 512, lr 2e-2" batch.global_size=512 batch.reference_size=512 optim.lr=2e-2
   variant "fp32 (TF32 matmuls)" precision=32-true
 fi
-has() { [[ " $PARTS " == *" $1 "* ]]; }
 
 cheap() {  # cheap NAME PROJECT_OVERRIDES...: ms per optimizer step of a cheap step, plain / Lightning / project
   local name=$1; shift

@@ -292,7 +292,8 @@ def compose_jobs(
         print(f"note: {line}", file=sys.stderr, flush=True)
     overrides = invocation.overrides
     # A single run handed to Hydra is composed with Hydra's keys too, as Hydra will compose it.
-    jobs = [invocation.hydra_overrides if for_hydra is not None and not invocation.multirun else overrides]
+    handed = for_hydra if not invocation.multirun else None
+    jobs = [invocation.hydra_overrides if handed is not None else overrides]
     searched = [a for a in overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
     _refuse_optuna_plugin_keys(a.lstrip("+").split("=", 1)[0] for a in invocation.override_args)
     configs = []
@@ -330,8 +331,8 @@ def compose_jobs(
                 raise UserError(prefix + explain(err, job)) from None
             if hydra_modes is not None:
                 hydra_modes.add(cfg.hydra.get("mode"))
-            if for_hydra is not None and not invocation.multirun:
-                for_hydra.append(copy.deepcopy(cfg))  # before the check below takes Hydra's node off
+            if handed is not None:
+                handed.append(copy.deepcopy(cfg))  # before the check below takes Hydra's node off
             # A search preset may set multirun itself (`hydra: {mode: MULTIRUN}`, as the template's do).
             if (
                 searched

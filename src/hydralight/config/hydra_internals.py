@@ -83,8 +83,5 @@ def run_composed(cfg: Any, composed_with: list[str]) -> Iterator[None]:
             self._print_debug_info(config_name, given, run_mode)
         return kept
 
-    if cfg is None:
-        yield
-        return
     with mock.patch.object(hydra_module.Hydra, "compose_config", compose_config):
         yield

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -292,7 +291,7 @@ class PlannedLauncherMixin:
         # A plan and a dry run only print or write: they need no SLURM commands on this host.
         if all(bool(cfg.get("plan")) for cfg in planned_only):
             return self._plans_here(job_overrides, initial_job_idx, groups)
-        if self._EXECUTOR == "slurm" and not dry_run and shutil.which("srun") is None:
+        if self._EXECUTOR == "slurm" and not dry_run and submitit.SlurmExecutor.affinity() <= 0:  # no srun here
             discard_unused_run_dir(Path(str(self.config.hydra.sweep.dir)))  # Hydra's multirun.yaml only
             raise UserError(
                 "hydra/launcher=slurm submits with SLURM's commands (srun, sbatch), which this machine does not "
