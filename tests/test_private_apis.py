@@ -238,12 +238,23 @@ def test_hydra_composes_a_run_through_the_hook_the_project_answers() -> None:
 
 
 def test_basic_sweeper_is_extended_as_the_default_sweeper() -> None:
-    hook = Hook("hydra", "hydra._internal.core_plugins.basic_sweeper.BasicSweeper.validate_batch_is_legal",
+    """The default sweeper checks every job before Hydra's sweep writes anything, reading the jobs as Hydra's
+    sweep does (its config's params, then the command line's), and hands its launcher the loader it set up."""
+    hook = Hook("hydra", "hydra._internal.core_plugins.basic_sweeper.BasicSweeper.sweep/_parse_config/setup",
                 "config/hydra_internals.py, src/hydra_plugins/hydralight_launchers/__init__.py",
-                "the default sweeper, which checks only the jobs the command line did not")  # fmt: skip
+                "the default sweeper, which checks every job before the sweep writes its record")  # fmt: skip
     sweeper = reach("hydra._internal.core_plugins.basic_sweeper.BasicSweeper")
     assert callable(dig(sweeper, "validate_batch_is_legal")), hook.moved("it is gone")
     assert reach("hydra._internal.core_plugins.basic_sweeper.BasicSweeperConf") is not ABSENT, hook.moved("no conf")
+    sweep = inspect.getsource(dig(sweeper, "sweep"))
+    read = sweep.index("params_conf = self._parse_config()")
+    assert read < sweep.index("params_conf.extend(arguments)") < sweep.index("multirun.yaml"), hook.moved(
+        "sweep() no longer reads its jobs from _parse_config() + the arguments before writing its record"
+    )
+    setup = inspect.getsource(dig(sweeper, "setup"))
+    assert "hydra_context=hydra_context" in setup and "self.hydra_context = hydra_context" in setup, hook.moved(
+        "setup() no longer hands its launcher the context (the loader) it was given"
+    )
 
 
 @pytest.mark.parametrize("hook", IMPORTS, ids=[h.api for h in IMPORTS])
@@ -758,7 +769,7 @@ def test_sweep_overrides_split_into_jobs() -> None:
         "hydra",
         "hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_arguments(overrides, max_batch_size)",
         "config/hydra_internals.py, config/compose.py",
-        "composing and checking every job of a sweep before any run dir exists",
+        "checking every job of a sweep before its sweep dir is written",
     )
     parse = Hook(
         "hydra",

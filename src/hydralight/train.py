@@ -28,6 +28,7 @@ from hydralight.errors import UserError, exit_on_user_error
 from hydralight.rundir.launch import check_rank_variables, early_ranks, is_rank_zero
 from hydralight.rundir.lock import RunDirLock
 from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable, claim_sweep_dir
+from hydralight.rundir.record import remove_empty_folders
 from hydralight.tasks.options import SCHEMAS as MODEL_SCHEMAS
 
 # The typed configs the shipped model and data options extend.
@@ -190,7 +191,7 @@ def job_info() -> JobInfo:
 def main(cfg: DictConfig) -> float | None:
     """One run, or one job of a sweep: resolve its plan (print it with `plan=true`) and run it."""
     from hydralight.config.resolve import resolve
-    from hydralight.rundir.record import discard_unused_run_dir, record_failure, remove_empty_folders
+    from hydralight.rundir.record import discard_unused_run_dir, record_failure
     from hydralight.training.machine import detect
 
     job = job_info()
@@ -273,10 +274,11 @@ def cli() -> None:
 def _start(invocation: Invocation) -> None:
     global _claimed_before_hydra, _hydra_record_before, _made_for_hydra
     check_rank_variables()  # this door is a shell's or a launcher's, never one of this project's own ranks
-    # Every job's config is composed and type-checked first: a wrong value is one line, before any run dir.
+    # The config is composed and type-checked first (a sweep's each job's, by its sweeper): a wrong value is one
+    # line, before any run dir.
     modes: set = set()
     invocation = reach_module_arguments(CONFIG_DIR, "train", invocation)
-    composed: list = []  # a single run's config, composed once: Hydra runs it as it is
+    composed: list = []  # the config, composed once: Hydra runs it as it is
     configs = compose_jobs(CONFIG_DIR, "train", invocation, modes, composed, JOB_NAME)
     if invocation.print_only:
         from hydralight.config.resolve import resources
@@ -297,12 +299,20 @@ def _start(invocation: Invocation) -> None:
     # command line sets it: those overrides are Hydra's, not composed above).
     read = len(modes) == 1 and not any("hydra.mode" in arg for arg in invocation.argv)
     known = mode_known(modes.pop()) if read else contextlib.nullcontext()
-    handed = run_composed(composed[0], invocation.hydra_overrides) if composed else contextlib.nullcontext()
+    handed = (
+        run_composed(composed[0], invocation.hydra_overrides, invocation.multirun)
+        if composed
+        else contextlib.nullcontext()
+    )
     # A named run dir is locked before Hydra writes its record there, so a live run is left untouched.
     named = invocation.fixed_run_dir()
     with known, handed:
         if named is None or not is_rank_zero():
-            main()
+            try:
+                main()
+            finally:  # a sweep refused before its first job leaves no folder made for it
+                if invocation.multirun and is_rank_zero():
+                    remove_empty_folders(_made_for_hydra)
             return
         if invocation.plan_only:  # prints the plan and writes nothing of its own: no claim, no lock
             check_usable(Path(named), "hydra.run.dir")

@@ -122,58 +122,69 @@ def test_a_dict_value_for_a_dict_key_says_how_to_write_it():
 LARGE_GRID = ("seed=range(100)", "data.val_size=range(1000,1100)")  # 10,000 jobs
 
 
-def compositions(monkeypatch) -> list[int]:
-    from hydra._internal.hydra import Hydra
+def checked_sweep(*overrides: str) -> tuple[list[list[str]], list[list[str]]]:
+    """A sweep's jobs as the default sweeper checks them (its config composed as Hydra composes it), and the
+    jobs whose configs it composed."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
 
-    counted: list[int] = []
-    original = Hydra.compose_config
-    monkeypatch.setattr(Hydra, "compose_config", lambda self, *a, **k: counted.append(1) or original(self, *a, **k))
-    return counted
-
-
-def test_a_large_sweep_checks_every_value_it_sweeps_without_composing_every_job(monkeypatch, capsys):
-    """A 100 x 100 x 2 grid: one config for each choice of the swept group, every value of the other keys set
-    on the first job's config; its first job starts in seconds, not after 20,000 compositions."""
-    from hydralight.config.compose import compose_jobs
+    from hydralight.config.compose import check_sweep
     from hydralight.train import CONFIG_DIR
 
-    counted = compositions(monkeypatch)
-    configs = compose_jobs(CONFIG_DIR, "train", Invocation(("-m", *LARGE_GRID, "model=mlp,cnn")))
-    assert [c.model._target_.rsplit(".", 1)[-1] for c in configs] == ["Classifier", "Classifier"]
-    assert len(counted) <= 3 and len(configs) == 2  # the groups' names, and one config a model
+    composed: list[list[str]] = []
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        master = loader.load_configuration("train", list(overrides), run_mode=RunMode.MULTIRUN)
+        groups = frozenset(str(name) for name in master.hydra.runtime.choices)
+        parser = OverridesParser.create(config_loader=loader)
+        jobs = check_sweep(
+            list(overrides), groups, parser, lambda job: composed.append(job) or loader.load_sweep_config(master, job)
+        )
+    return jobs, composed
+
+
+def test_a_large_sweep_checks_every_value_it_sweeps_without_composing_every_job(capsys):
+    """A 100 x 100 x 2 grid: one config for each choice of the swept group, every value of the other keys set
+    on the first job's config; its first job starts in seconds, not after 20,000 compositions."""
+    jobs, composed = checked_sweep(*LARGE_GRID, "model=mlp,cnn")
+    assert len(jobs) == 20_000 and [job[-1] for job in composed] == ["model=mlp", "model=cnn"]
     assert "sweep of 20000 jobs: checking every value it sweeps first (2 configs composed)" in capsys.readouterr().err
     # A wrong value anywhere in the grid is found before the first job, naming it.
     with pytest.raises(UserError, match=r"optim.lr=abc is not a number"):
-        compose_jobs(CONFIG_DIR, "train", Invocation(("-m", *LARGE_GRID, "optim.lr=0.1,0.2,abc")))
+        checked_sweep(*LARGE_GRID, "optim.lr=0.1,0.2,abc")
     with pytest.raises(UserError, match=r"model=cnnx is not an option of model"):
-        compose_jobs(CONFIG_DIR, "train", Invocation(("-m", *LARGE_GRID, "model=mlp,cnnx")))
+        checked_sweep(*LARGE_GRID, "model=mlp,cnnx")
     with pytest.raises(UserError, match=r"optim.lr=range\(5\),abc cannot be expanded into values"):
-        compose_jobs(CONFIG_DIR, "train", Invocation(("-m", "seed=1,2", "optim.lr=range(5),abc")))
+        checked_sweep("seed=1,2", "optim.lr=range(5),abc")
 
 
-def test_hydras_check_of_a_large_batch_composes_one_job_for_each_swept_choice():
-    """The default sweeper (hydra/sweeper=hydralight_basic) checks a batch before launching it as Hydra's does,
-    but of a large grid only the jobs that give a choice no job before gave (here: the first, and model=cnn)."""
+def test_a_small_sweep_composes_each_job_once_with_its_types():
+    jobs, composed = checked_sweep("hardware=cpu,1gpu", "optim.lr=1e-3,2e-3")
+    assert composed == jobs and len(jobs) == 4
+    with pytest.raises(UserError, match=r"^sweep job 1 \(hardware=cpu optim.lr=abc\): optim.lr=abc is not a number"):
+        checked_sweep("hardware=cpu,1gpu", "optim.lr=1e-3,abc")
+
+
+def test_the_launcher_runs_the_config_the_sweep_check_composed():
+    """The sweeper's loader hands each job's checked config to the launcher once (a job given twice, twice);
+    any other job is composed by Hydra's loader; the loader pickles with the launcher that holds it."""
+    import pickle
     from types import SimpleNamespace
 
-    from omegaconf import OmegaConf
+    from hydralight.config.compose import ComposedOnce
 
-    from hydra_plugins.hydralight_launchers import CheckedSweeper
-    from hydralight.config import compose
-
-    loaded = []
-    loader = SimpleNamespace(load_sweep_config=lambda master_config, sweep_overrides: loaded.append(sweep_overrides))
-    sweeper = CheckedSweeper(max_batch_size=None)
-    sweeper.hydra_context = SimpleNamespace(config_loader=loader)
-    sweeper.config = OmegaConf.create({"hydra": {"runtime": {"choices": {"model": "mlp", "optim": "adam"}}}})
-    batch = [
-        [f"seed={s}", f"optim.lr={lr}", f"model={m}"] for m in ("mlp", "cnn") for s in range(100) for lr in range(3)
-    ]
-    compose._checked_sweep.clear()
-    sweeper.validate_batch_is_legal(batch)
-    assert loaded == [batch[0], batch[300]]
-    compose._checked_sweep.append(len(batch))  # train.py checked it already: not again
-    loaded.clear()
-    sweeper.validate_batch_is_legal(batch)
-    assert loaded == []
-    compose._checked_sweep.clear()
+    composed = []
+    hydra_loader = SimpleNamespace(
+        load_sweep_config=lambda master, job: composed.append(job) or f"composed {job}", name="hydra's"
+    )
+    loader = ComposedOnce(hydra_loader)
+    loader.keep(["seed=1"], "checked 1")
+    loader.keep(["seed=1"], "checked 1 again")
+    assert loader.load_sweep_config(None, ["seed=1"]) == "checked 1"
+    assert loader.load_sweep_config(None, ["seed=1"]) == "checked 1 again"
+    assert loader.load_sweep_config(None, ["seed=1"]) == "composed ['seed=1']" and composed == [["seed=1"]]
+    assert loader.name == "hydra's"
+    copied = pickle.loads(pickle.dumps(ComposedOnce({"a": 1})))
+    assert copied._loader == {"a": 1} and copied._kept == {}

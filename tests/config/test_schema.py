@@ -85,12 +85,12 @@ def test_hydra_s_own_flags_and_sweeps_it_expands_itself_still_work(tmp_path):
 
 COUNTING = """\
 import sys
-from hydra._internal.hydra import Hydra
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydralight.train import cli
 
 composed = []
-compose_config = Hydra.compose_config
-Hydra.compose_config = lambda self, *a, **k: composed.append(1) or compose_config(self, *a, **k)
+load_configuration = ConfigLoaderImpl.load_configuration
+ConfigLoaderImpl.load_configuration = lambda self, *a, **k: composed.append(1) or load_configuration(self, *a, **k)
 try:
     cli()
 finally:
@@ -102,9 +102,11 @@ finally:
     ("args", "composed", "plans"),
     [([], 1, 1), (["-m", "seed=1,2"], 3, 2), (["hydra.mode=MULTIRUN", "seed=1,2"], 3, 2)],
 )
-def test_hydra_reads_the_run_mode_without_composing_again(args, composed, plans, tmp_path):
-    """Hydra 1.3 composes everything once more only to read hydra.mode; the project has read it (one compose
-    for the check, one for the run, one per job of a sweep). Set on the command line, Hydra reads it itself."""
+def test_a_run_and_each_job_of_a_sweep_are_composed_once(args, composed, plans, tmp_path):
+    """Every composition counted (Hydra's, the check's, the sweep's of its jobs): a run is composed once; a
+    sweep once for its own config and once for each job, which the check composes and the launcher runs. Hydra
+    1.3 composes everything once more only to read hydra.mode: the project has read it, but when the command
+    line sets it, Hydra reads it itself."""
     script = tmp_path / "counting.py"
     script.write_text(COUNTING)
     where = f"hydra.sweep.dir={tmp_path / 'sweep'}" if "seed=1,2" in args else f"hydra.run.dir={tmp_path / 'run'}"
@@ -122,7 +124,7 @@ from omegaconf import OmegaConf
 import hydralight.train as train
 
 if sys.argv.pop(1) == "hydra-composes":  # the handover off: Hydra composes the run itself
-    train.run_composed = lambda cfg, composed_with: contextlib.nullcontext()
+    train.run_composed = lambda *handed: contextlib.nullcontext()
 run_job = hydra.run_job
 
 def recorded(**kwargs):
@@ -159,8 +161,9 @@ def test_a_good_config_composes_with_its_types():
     )
     assert cfg.optim.lr == 2e-3 and cfg.trainer.precision == "bf16-mixed" and cfg.mode == "eval"
     assert f"{cfg.trainer.precision}" == "bf16-mixed"  # choices print as their value
-    jobs = compose_jobs(CONFIG_DIR, "train", Invocation(tuple(["-m", "hardware=cpu,1gpu", "optim.lr=1e-3,2e-3"])))
-    assert len(jobs) == 4 and {str(j.hardware.accelerator) for j in jobs} == {"cpu", "gpu"}
+    # A sweep's own config: its swept values are its jobs' (the sweeper checks each).
+    (swept,) = compose_jobs(CONFIG_DIR, "train", Invocation(("-m", "hardware=cpu,1gpu", "optim.lr=3e-3,2e-3")))
+    assert swept.optim.lr != 3e-3 and "hydra" not in swept
 
 
 def test_trainer_schema_covers_every_argument_the_user_may_set():

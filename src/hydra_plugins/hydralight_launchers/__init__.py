@@ -3,16 +3,22 @@ launchers' logic lives in `hydralight.launch.launchers`. Kept light: Hydra impor
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.search_path_plugin import SearchPathPlugin
+from hydra.types import HydraContext
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
+from omegaconf import DictConfig
 
-from hydralight.config.compose import jobs_to_check, sweep_checked
+from hydralight.config.compose import ComposedOnce, check_sweep
 from hydralight.config.folders import user_conf
 from hydralight.config.hydra_internals import basic_sweeper
+from hydralight.errors import UserError, exit_on_user_error
 from hydralight.launch.launchers import HydralightLocalConf, HydralightSlurmConf, PlannedLauncherMixin
+from hydralight.rundir.record import discard_refused_sweep
 
 
 class PlannedSlurmLauncher(PlannedLauncherMixin, SlurmLauncher):
@@ -35,15 +41,38 @@ BasicSweeper, BasicSweeperConf = basic_sweeper()
 
 
 class CheckedSweeper(BasicSweeper):  # type: ignore[misc]
-    """hydra/sweeper=hydralight_basic (the default): Hydra's basic sweeper, whose check of a batch before it
-    launches composes the jobs `train.py` did not check already, and of a large sweep only those that give each
-    swept value once: its first job starts in seconds, not after composing every job of a 10,000-job grid."""
+    """hydra/sweeper=hydralight_basic (the default): Hydra's basic sweeper, checking every job's config before
+    the sweep writes anything (of a large sweep those that give each swept value once: its first job starts in
+    seconds, not after composing every job of a 10,000-job grid), and handing each config it composed to the
+    launcher, which runs it as it is: a job is composed once."""
+
+    def setup(self, *, hydra_context: HydraContext, task_function: Any, config: DictConfig) -> None:
+        loader = ComposedOnce(hydra_context.config_loader)
+        super().setup(
+            hydra_context=HydraContext(config_loader=loader, callbacks=hydra_context.callbacks),
+            task_function=task_function,
+            config=config,
+        )
+
+    def sweep(self, arguments: list[str]) -> Any:
+        self._check([*self._parse_config(), *arguments])
+        return super().sweep(arguments)
+
+    @exit_on_user_error
+    def _check(self, overrides: list[str]) -> None:
+        loader = self.hydra_context.config_loader
+        groups = frozenset(str(name) for name in self.config.hydra.runtime.choices)
+        parser = OverridesParser.create(config_loader=loader)
+        try:
+            check_sweep(
+                overrides, groups, parser, lambda job: loader.keep(job, loader.load_sweep_config(self.config, job))
+            )
+        except UserError:
+            discard_refused_sweep(self.config)
+            raise
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        if sweep_checked(len(batch)):
-            return
-        groups = frozenset(str(name) for name in self.config.hydra.runtime.choices)
-        super().validate_batch_is_legal([job for _, job in jobs_to_check(batch, groups)])
+        """Checked in `sweep`, before anything was written (a job not composed there is checked as it starts)."""
 
 
 @dataclass

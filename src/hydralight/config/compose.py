@@ -9,7 +9,7 @@ import dataclasses
 import re
 import shlex
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,13 +188,11 @@ class Invocation:
         )
 
     def missing_output_folders(self) -> tuple[Path, ...]:
-        """The folders above a run or sweep dir that Hydra names (`outputs/${now:...}`) which do not exist yet,
-        the deepest first: made for this run, and removed with it when it is refused and they are left empty."""
+        """The folders above a run or sweep dir (`outputs/` of `outputs/${now:...}`) which do not exist yet, the
+        deepest first: made for this run, and removed with it when it is refused and they are left empty."""
         template = self._output_template()
-        if "${" not in template:
-            return ()
         parts = Path(template).parts
-        fixed = parts[: next(i for i, part in enumerate(parts) if "${" in part)]
+        fixed = parts[: next((i for i, part in enumerate(parts) if "${" in part), len(parts) - 1)]
         root = Path(*fixed).absolute() if fixed else Path.cwd()
         return tuple(p for p in (root, *root.parents) if not p.exists())
 
@@ -272,13 +270,15 @@ def compose_jobs(
     for_hydra: list[DictConfig] | None = None,
     job_name: str | None = None,
 ) -> list[DictConfig]:
-    """Compose the config of the run, or of every job of a `-m` sweep, as Hydra will; a wrong type or
-    choice is a UserError naming the key, the value and what is allowed. `hydra_modes` receives the
-    `hydra.mode` each job's config sets (None: the command line decides). `for_hydra` receives a single run's
-    whole config (Hydra's node included), composed with the overrides Hydra runs it with, to be handed to Hydra
-    (hydra_internals.run_composed) instead of composing it again; `job_name` is Hydra's name of the job
-    (`hydra.job.name`)."""
-    from hydra import compose, initialize_config_dir
+    """Compose the config of the run as Hydra will (of a `-m` sweep: the config the sweep starts from, its swept
+    values left out; the sweeper checks each job's, `check_sweep`); a wrong type or choice is a UserError naming
+    the key, the value and what is allowed. `hydra_modes` receives the `hydra.mode` the config sets (None: the
+    command line decides). `for_hydra` receives the whole config (Hydra's node included), composed with the
+    overrides Hydra runs it with, to be handed to Hydra (hydra_internals.run_composed) instead of composing it
+    again; `job_name` is Hydra's name of the job (`hydra.job.name`)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
 
     from hydralight.config.schema import explain
 
@@ -290,80 +290,35 @@ def compose_jobs(
     invocation.check_readable()
     for line in shadowed_options(config_dir):
         print(f"note: {line}", file=sys.stderr, flush=True)
-    overrides = invocation.overrides
-    # A single run handed to Hydra is composed with Hydra's keys too, as Hydra will compose it.
-    handed = for_hydra if not invocation.multirun else None
-    jobs = [invocation.hydra_overrides if handed is not None else overrides]
-    searched = [a for a in overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
+    searched = [a for a in invocation.overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
     _refuse_optuna_plugin_keys(a.lstrip("+").split("=", 1)[0] for a in invocation.override_args)
-    configs = []
+    # Composed with Hydra's keys too, as Hydra will compose it.
+    overrides = invocation.hydra_overrides if for_hydra is not None else invocation.overrides
+    mode = RunMode.MULTIRUN if invocation.multirun else RunMode.RUN
     named = {"job_name": job_name} if job_name else {}  # else the compose API's own default
     with initialize_config_dir(config_dir=config_dir, version_base="1.3", **named):
-        checked = list(enumerate(jobs))
-        groups: frozenset[str] = frozenset()
-        first: DictConfig | None = None  # job 0's config, when it was composed to learn the groups
-        if invocation.multirun:
-            jobs = _sweep_jobs(invocation, overrides)
-            if len(jobs) > CHECKED_UPFRONT:
-                first, groups = _group_names(config_name, jobs[0])
-            checked = jobs_to_check(jobs, groups)
-            if len(checked) < len(jobs):  # said at once, with what is checked when
-                print(
-                    f"sweep of {len(jobs)} jobs: checking every value it sweeps first ({len(checked)} configs "
-                    "composed); "
-                    "each job's whole config is checked as it starts",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            elif len(jobs) > 1:
-                print(f"sweep of {len(jobs)} jobs: checking each job's config first", file=sys.stderr, flush=True)
-            _checked_sweep.clear()
-            _checked_sweep.append(len(jobs))
-        for number, job in checked:
-            prefix = f"sweep job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
-            try:
-                cfg = (
-                    first
-                    if number == 0 and first is not None
-                    else compose(config_name=config_name, overrides=job, return_hydra_config=True)
-                )
-            except Exception as err:
-                raise UserError(prefix + explain(err, job)) from None
-            if hydra_modes is not None:
-                hydra_modes.add(cfg.hydra.get("mode"))
-            if handed is not None:
-                handed.append(copy.deepcopy(cfg))  # before the check below takes Hydra's node off
-            # A search preset may set multirun itself (`hydra: {mode: MULTIRUN}`, as the template's do).
-            if (
-                searched
-                and not invocation.multirun
-                and not invocation.print_only
-                and getattr(cfg.hydra.get("mode"), "name", None) != "MULTIRUN"
-            ):
-                raise UserError(f"{searched[0]} runs many trials: add -m (python train.py -m {searched[0]} ...)")
-            _refuse_optuna_plugin_keys(f"hydra.sweeper.{key}" for key in _keys_below(cfg.hydra.get("sweeper") or {}))
-            with open_dict(cfg):
-                del cfg["hydra"]  # what compose() returns without return_hydra_config
-            try:
-                check_composed(cfg)
-            except UserError as err:
-                raise UserError(f"{prefix}{err}") from None
-            if number == 0 and len(checked) < len(jobs):
-                _check_swept_values(cfg, overrides, groups, len(jobs))
-            configs.append(cfg)
-    return configs
-
-
-def _group_names(config_name: str, job: list[str]) -> tuple[DictConfig | None, frozenset[str]]:
-    """The job's config and the config groups it is composed of (model, data, hydra/launcher, ...); no config
-    when it does not compose (its own composition says why, in its line)."""
-    from hydra import compose
-
-    try:
-        cfg = compose(config_name=config_name, overrides=job, return_hydra_config=True)
-    except Exception:
-        return None, frozenset()
-    return cfg, frozenset(str(name) for name in cfg.hydra.runtime.choices)
+        try:
+            loader = GlobalHydra.instance().config_loader()
+            cfg = loader.load_configuration(config_name=config_name, overrides=overrides, run_mode=mode)
+        except Exception as err:
+            raise UserError(explain(err, overrides)) from None
+    if hydra_modes is not None:
+        hydra_modes.add(cfg.hydra.get("mode"))
+    if for_hydra is not None:
+        for_hydra.append(copy.deepcopy(cfg))  # before the check below takes Hydra's node off
+    # A search preset may set multirun itself (`hydra: {mode: MULTIRUN}`, as the template's do).
+    if (
+        searched
+        and not invocation.multirun
+        and not invocation.print_only
+        and getattr(cfg.hydra.get("mode"), "name", None) != "MULTIRUN"
+    ):
+        raise UserError(f"{searched[0]} runs many trials: add -m (python train.py -m {searched[0]} ...)")
+    _refuse_optuna_plugin_keys(f"hydra.sweeper.{key}" for key in _keys_below(cfg.hydra.get("sweeper") or {}))
+    with open_dict(cfg):
+        del cfg["hydra"]  # what compose() returns without return_hydra_config
+    check_composed(cfg)
+    return [cfg]
 
 
 # A sweep of up to this many jobs has every job's config checked before the first starts. A larger one has
@@ -374,8 +329,6 @@ def _group_names(config_name: str, job: list[str]) -> tuple[DictConfig | None, f
 CHECKED_UPFRONT = 100
 # The sweepers that run every combination of the values given (Hydra's, and the one the project's runs use).
 BASIC_SWEEPERS = ("hydra/sweeper=basic", "hydra/sweeper=hydralight_basic")
-# The number of jobs of the sweep this process checked (compose_jobs): Hydra's sweeper need not again.
-_checked_sweep: list[int] = []
 
 
 def jobs_to_check(jobs: Sequence[Sequence[str]], groups: frozenset[str] = frozenset()) -> list[tuple[int, list[str]]]:
@@ -392,6 +345,62 @@ def jobs_to_check(jobs: Sequence[Sequence[str]], groups: frozenset[str] = frozen
             seen.update(choices)
             chosen.append((number, list(job)))
     return chosen
+
+
+def check_sweep(
+    overrides: list[str], groups: frozenset[str], parser: Any, compose_job: Callable[[list[str]], DictConfig]
+) -> list[list[str]]:
+    """The jobs of a basic sweep over `overrides` (its command line's and its config's `hydra.sweeper.params`),
+    checked before the first starts: each job's config composed (`compose_job`, the sweeper's composition, which
+    the launcher then runs) and checked, of a large sweep those that give each swept value once (`jobs_to_check`;
+    `groups`: the config groups of the sweep's config). A wrong value is a UserError naming the job."""
+    from hydralight.config.schema import explain
+
+    jobs = _sweep_jobs(overrides, parser)
+    checked = jobs_to_check(jobs, groups)
+    if len(checked) < len(jobs):  # said at once, with what is checked when
+        print(
+            f"sweep of {len(jobs)} jobs: checking every value it sweeps first ({len(checked)} configs composed); "
+            "each job's whole config is checked as it starts",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif len(jobs) > 1:
+        print(f"sweep of {len(jobs)} jobs: checking each job's config first", file=sys.stderr, flush=True)
+    for number, job in checked:
+        prefix = f"sweep job {number} ({' '.join(job)}): " if len(jobs) > 1 else ""
+        try:
+            cfg = compose_job(job)
+            check_composed(cfg)
+        except UserError as err:
+            raise UserError(f"{prefix}{err}") from None
+        except Exception as err:
+            raise UserError(prefix + explain(err, job)) from None
+        if number == 0 and len(checked) < len(jobs):
+            _check_swept_values(cfg, overrides, groups, len(jobs))
+    return jobs
+
+
+class ComposedOnce:
+    """A sweep's config loader that hands each job's config composed by the sweep's check (`keep`) to the
+    launcher that runs the job, instead of composing it again; every other call goes to Hydra's loader."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+        self._kept: dict[tuple[str, ...], list[DictConfig]] = {}
+
+    def keep(self, job: Sequence[str], cfg: DictConfig) -> DictConfig:
+        self._kept.setdefault(tuple(job), []).append(cfg)
+        return cfg
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        kept = self._kept.get(tuple(sweep_overrides))
+        return kept.pop(0) if kept else self._loader.load_sweep_config(master_config, sweep_overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_loader", "_kept"):
+            raise AttributeError(name)  # unpickling asks before the attributes are there
+        return getattr(self._loader, name)
 
 
 def _check_swept_values(base: DictConfig, overrides: list[str], groups: frozenset[str], jobs: int) -> None:
@@ -418,37 +427,23 @@ def _check_swept_values(base: DictConfig, overrides: list[str], groups: frozense
                 raise UserError(f"a job of the sweep of {jobs} ({given}): {explain(err, [given])}") from None
 
 
-def sweep_checked(jobs: int) -> bool:
-    """Whether this process has checked the configs of a sweep of `jobs` jobs already (`compose_jobs`)."""
-    return _checked_sweep == [jobs]
-
-
-def _sweep_jobs(invocation: Invocation, overrides: list[str]) -> list[list[str]]:
+def _sweep_jobs(overrides: list[str], parser: Any) -> list[list[str]]:
     """The overrides of every job of a basic sweep, `glob(...)` over a group's options expanded as Hydra will (the
-    shipped ones and ./conf's); for another sweeper (it draws its own values), the config the sweep starts from."""
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
+    shipped ones and ./conf's: `parser` is Hydra's override parser, with its config loader)."""
     from hydralight.config.schema import explain
 
     try:
-        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
         parsed = parser.parse_overrides(overrides)
     except Exception as err:
         raise UserError(f"cannot read the sweep: {explain(err, overrides)}") from None
-    basic = not any(
-        a.startswith(("hydra/sweeper=", f"{SEARCH_GROUP}=")) and a not in BASIC_SWEEPERS for a in invocation.argv
-    )
-    if basic:
-        try:
-            jobs = sweep_jobs(parsed)
-        except Exception as err:  # a glob() over a key that is no config group, say
-            raise UserError(f"cannot read the sweep: {_unexpandable(parsed) or explain(err, overrides)}") from None
-        if not jobs:
-            swept = " ".join(o.input_line for o in parsed if o.is_sweep_override() and o.input_line)
-            raise UserError(f"the sweep has no jobs: {swept} matches no option; `python train.py --help` lists them")
-        return jobs
-    return [[o.input_line for o in parsed if o.input_line is not None and not o.is_sweep_override()]]
+    try:
+        jobs = sweep_jobs(parsed)
+    except Exception as err:  # a glob() over a key that is no config group, say
+        raise UserError(f"cannot read the sweep: {_unexpandable(parsed) or explain(err, overrides)}") from None
+    if not jobs:
+        swept = " ".join(o.input_line for o in parsed if o.is_sweep_override() and o.input_line)
+        raise UserError(f"the sweep has no jobs: {swept} matches no option; `python train.py --help` lists them")
+    return jobs
 
 
 def _keys_below(node: Any, prefix: str = "") -> Iterator[str]:
@@ -485,7 +480,8 @@ def _unexpandable(parsed: list[Any]) -> str | None:
 
 def check_composed(cfg: DictConfig) -> None:
     """What Hydra lets through a composition and a run cannot take: a key of the schema deleted (`~seed`), a key
-    added inside a typed group (`+trainer.acclerator=gpu`). Every job checks it, on whatever process it starts."""
+    added inside a typed group (`+trainer.acclerator=gpu`). Every job checks it, on whatever process it starts
+    (Hydra's node, if there, is Hydra's to check)."""
     if deleted := _deleted_from_the_schema(cfg):
         name, group = deleted
         instead = f"set its keys ({name}.KEY=...) instead" if group else f"give it a value ({name}=...)"
@@ -519,6 +515,8 @@ def _added_to_a_schema(cfg: DictConfig) -> str | None:
         names = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
         for key, value in node.items_ex(resolve=False):  # interpolations unresolved (`${now:...}`, `???`)
             where = path + str(key)
+            if where == "hydra":
+                continue  # Hydra's node, which Hydra checks
             if names is not None and path and key not in names:
                 return where
             if names is not None and (found := walk(value, f"{where}.")):

@@ -38,12 +38,12 @@ def mode_known(mode: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def run_composed(cfg: Any, composed_with: list[str]) -> Iterator[None]:
-    """While Hydra starts a single run: Hydra 1.3 composes the run's config itself (`Hydra.run` -> the private
-    `Hydra.compose_config`), and the command line's check has composed that config already, with the same
-    overrides (`cfg`, Hydra's node included): it is handed over once, so that a run is composed once. When no
-    config sets the mode, Hydra composes with `hydra.mode=RUN` added; it is set on `cfg` as that composition sets
-    it. Any other composition (other overrides, a sweep's) is Hydra's own. tests/test_private_apis.py checks the
+def run_composed(cfg: Any, composed_with: list[str], multirun: bool = False) -> Iterator[None]:
+    """While Hydra starts a run or a sweep: Hydra 1.3 composes its config itself (`Hydra.run`, `Hydra.multirun`
+    -> the private `Hydra.compose_config`), and the command line's check has composed that config already, with
+    the same overrides (`cfg`, Hydra's node included): it is handed over once, so that it is composed once. When
+    no config sets the mode, Hydra composes with `hydra.mode=RUN` (`MULTIRUN`) added; it is set on `cfg` as that
+    composition sets it. Any other composition (other overrides, a sweep job's) is Hydra's own. tests/test_private_apis.py checks the
     hook, tests/config/test_schema.py that the handed config is the one Hydra composes itself."""
     import logging
     from unittest import mock
@@ -55,6 +55,7 @@ def run_composed(cfg: Any, composed_with: list[str]) -> Iterator[None]:
 
     real = hydra_module.Hydra.compose_config
     pending = [cfg]
+    mode = RunMode.MULTIRUN if multirun else RunMode.RUN
 
     def compose_config(
         self: Any,
@@ -67,16 +68,16 @@ def run_composed(cfg: Any, composed_with: list[str]) -> Iterator[None]:
     ) -> Any:
         given = list(overrides)
         added = given[len(composed_with) :]
-        same = bool(pending) and run_mode == RunMode.RUN and given[: len(composed_with)] == composed_with
-        if not same or added not in ([], ["hydra.mode=RUN"]) or (added and pending[0].hydra.mode is not None):
+        same = bool(pending) and run_mode == mode and given[: len(composed_with)] == composed_with
+        if not same or added not in ([], [f"hydra.mode={mode.name}"]) or (added and pending[0].hydra.mode is not None):
             return real(
                 self, config_name, given, run_mode, with_log_configuration, from_shell, validate_sweep_overrides
             )
         kept = pending.pop()
         if added:
             with read_write(kept.hydra), open_dict(kept.hydra):
-                kept.hydra.mode = RunMode.RUN
-                kept.hydra.overrides.hydra.append("hydra.mode=RUN")
+                kept.hydra.mode = mode
+                kept.hydra.overrides.hydra.append(f"hydra.mode={mode.name}")
         if with_log_configuration:  # what Hydra's compose_config does after composing
             configure_log(kept.hydra.hydra_logging, kept.hydra.verbose)
             hydra_module.log = logging.getLogger(hydra_module.__name__)

@@ -31,7 +31,7 @@ from hydralight.errors import UserError, exit_on_user_error
 from hydralight.launch.sealed import Sealed, SealedJob, share_secrets
 from hydralight.rundir.layout import RunDir
 from hydralight.rundir.outcome import record_submitted
-from hydralight.rundir.record import discard_unused_run_dir, now, read_json, write_json
+from hydralight.rundir.record import discard_refused_sweep, now, read_json, write_json
 from hydralight.rundir.redaction import redact, redact_sweep_record, secret_values
 
 log = logging.getLogger(__name__)
@@ -230,12 +230,15 @@ class PlannedLauncherMixin:
         job_num: int,
         job_id: str,
         singleton_state: dict[type, Singleton],
+        sweep_config: DictConfig | None = None,
     ) -> JobReturn:
+        """One job, in its own process: its config as the sweep composed it when it submitted the job."""
         import submitit
 
         Singleton.set_state(singleton_state)
         setup_globals()
-        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
+        if sweep_config is None:
+            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
         env = submitit.JobEnvironment()
         with open_dict(sweep_config.hydra):
             sweep_config.hydra.job.id = env.job_id
@@ -279,20 +282,21 @@ class PlannedLauncherMixin:
                 resources = job_resources(job_cfg, self._EXECUTOR)
                 self._check_no_resource_overrides(params, resources)
             except UserError as err:
-                discard_unused_run_dir(Path(str(self.config.hydra.sweep.dir)))  # Hydra's multirun.yaml only
+                discard_refused_sweep(self.config)
                 prefix = (
                     f"sweep job {idx} ({' '.join(filter_overrides(overrides))}): " if len(job_overrides) > 1 else ""
                 )
                 raise UserError(prefix + str(err)) from None
             groups[tuple(sorted(resources.items()))].append(i)
-            arguments.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
+            state = Singleton.get_state()
+            arguments.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", state, job_cfg))
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
 
         # A plan and a dry run only print or write: they need no SLURM commands on this host.
         if all(bool(cfg.get("plan")) for cfg in planned_only):
-            return self._plans_here(job_overrides, initial_job_idx, groups)
+            return self._plans_here(planned_only, initial_job_idx, groups)
         if self._EXECUTOR == "slurm" and not dry_run and submitit.SlurmExecutor.affinity() <= 0:  # no srun here
-            discard_unused_run_dir(Path(str(self.config.hydra.sweep.dir)))  # Hydra's multirun.yaml only
+            discard_refused_sweep(self.config)
             raise UserError(
                 "hydra/launcher=slurm submits with SLURM's commands (srun, sbatch), which this machine does not "
                 "have: run the sweep on a host of your cluster; here, plan=true prints each job's request and plan, "
@@ -338,7 +342,7 @@ class PlannedLauncherMixin:
         return self._wait(jobs, sweep_dir, initial_job_idx)
 
     def _plans_here(
-        self, job_overrides: Sequence[Sequence[str]], first: int, groups: dict[tuple[tuple[str, Any], ...], list[int]]
+        self, configs: list[DictConfig], first: int, groups: dict[tuple[tuple[str, Any], ...], list[int]]
     ) -> list[JobReturn]:
         """`plan=true`: each job's request and plan printed in this process, one after another; nothing is
         submitted and no job dir is kept (the sweep dir holds Hydra's record, as a local sweep's plan does)."""
@@ -347,8 +351,7 @@ class PlannedLauncherMixin:
             jobs = ", ".join(f"#{first + i}" for i in indices)
             log.info(f"plan=true: nothing is submitted; {jobs} would ask {self._EXECUTOR} for {asked}")
         results = []
-        for i, overrides in enumerate(job_overrides):
-            sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        for i, sweep_config in enumerate(configs):
             with open_dict(sweep_config.hydra):
                 sweep_config.hydra.job.id = f"plan_{first + i}"
                 sweep_config.hydra.job.num = first + i

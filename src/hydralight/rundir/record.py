@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from hydralight.errors import UserError
-from hydralight.rundir.layout import LOCK_LEFTOVERS, RECORD_ONLY, RunDir
+from hydralight.rundir.layout import LOCK_LEFTOVERS, MARK, RECORD_ONLY, RunDir
 from hydralight.rundir.redaction import redact, redact_hydra_records
 
 PACKAGES = ("torch", "torchvision", "pytorch-lightning", "torchmetrics", "hydra-core", "omegaconf", "wandb", "submitit")
@@ -206,6 +206,14 @@ def discard_unused_run_dir(path: Path, keep_folder: bool = False) -> bool:
         with contextlib.suppress(OSError):  # the date folder Hydra made for it, when nothing else is in there
             path.parent.rmdir()
     return True
+
+
+def discard_refused_sweep(config: Any) -> None:
+    """What a sweep refused before its first job wrote goes (Hydra's record, the marker), and its folder too
+    unless the folder was there before (its marker says so)."""
+    path = Path(str(config.hydra.sweep.dir))
+    mark = read_json(path / MARK)
+    discard_unused_run_dir(path, keep_folder=mark is not None and mark.get("made_folder") is False)
 
 
 class FileSnapshot:
