@@ -184,10 +184,20 @@ def run_cli(
     if data_dir is not None:
         environ["DATA_DIR"] = str(data_dir)
     has_dir = any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for a in args)
-    command = [sys.executable, str(ROOT / "train.py"), *args]
     if not has_dir and "-m" not in args and "--multirun" not in args:
-        command.append(f"hydra.run.dir={run_dir}")
-    return run_python(command, environ, timeout, cwd)
+        args = with_override(args, f"hydra.run.dir={run_dir}")
+    return run_python([sys.executable, str(ROOT / "train.py"), *args], environ, timeout, cwd)
+
+
+def with_override(args: list[str], override: str) -> list[str]:
+    """`args` with one more override, beside the others (Hydra reads them as one group, before or after a flag
+    such as `--cfg job`)."""
+    from hydra._internal.utils import get_args_parser
+
+    for candidate in ([*args, override], [override, *args]):
+        if not get_args_parser().parse_known_args(candidate)[1]:
+            return candidate
+    return [*args, override]  # refused as written: the test sees the refusal
 
 
 def run_python(

@@ -750,8 +750,9 @@ HYDRA_CONF_KEYS = [
     ("runtime.output_dir", "train.py", "the run dir"),
     ("overrides.task", "train.py", "the overrides recorded in manifest.json"),
     ("mode", "train.py", "telling a sweep job from a single run"),
-    ("output_subdir", "launch/launchers.py", "no Hydra record from ranks > 0"),
-    ("job_logging", "launch/launchers.py", "no log file from ranks > 0"),
+    ("output_subdir", "conf/hydra/default.yaml", "no Hydra record from ranks > 0 or over a continued run's"),
+    ("job_logging", "conf/hydra/job_logging/project.yaml", "no log file from ranks > 0"),
+    ("run.dir", "conf/hydra/default.yaml", "the run dir resuming or a torchrun or srun launch names"),
 ]
 
 

@@ -8,6 +8,7 @@ Heavy imports (torch, Lightning) happen inside `main`, so `python train.py --cfg
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,14 +26,15 @@ from hydralight.config.resolve import JobInfo
 from hydralight.config.schema import register
 from hydralight.data.options import SCHEMAS as DATA_SCHEMAS
 from hydralight.errors import UserError, exit_on_user_error
-from hydralight.rundir.launch import check_rank_variables, early_ranks, is_rank_zero
+from hydralight.rundir.launch import check_rank_variables, early_ranks, is_rank_zero, launch_run_dir, register_resolvers
 from hydralight.rundir.lock import RunDirLock
 from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable, claim_sweep_dir
 from hydralight.rundir.record import remove_empty_folders
 from hydralight.tasks.options import SCHEMAS as MODEL_SCHEMAS
 
-# The typed configs the shipped model and data options extend.
+# The typed configs the shipped model and data options extend, and the resolvers conf/hydra names.
 register({**MODEL_SCHEMAS, **DATA_SCHEMAS})
+register_resolvers()
 # A user's `lightning.pytorch` module, data module or callback is built on the classes this Trainer runs.
 lightning_namespaces.install()
 
@@ -277,9 +279,12 @@ def _start(invocation: Invocation) -> None:
     # The config is composed and type-checked first (a sweep's each job's, by its sweeper): a wrong value is one
     # line, before any run dir.
     modes: set = set()
+    given = invocation.override_args  # what Hydra reads: the config composed here is handed to it
     invocation = reach_module_arguments(CONFIG_DIR, "train", invocation)
     composed: list = []  # the config, composed once: Hydra runs it as it is
     configs = compose_jobs(CONFIG_DIR, "train", invocation, modes, composed, JOB_NAME)
+    if configs and not invocation.multirun:  # the run dir that resuming, or a torchrun or srun launch, names
+        invocation = dataclasses.replace(invocation, launch_dir=launch_run_dir(configs[0].resume, configs[0].mode))
     if invocation.print_only:
         from hydralight.config.resolve import resources
 
@@ -294,16 +299,11 @@ def _start(invocation: Invocation) -> None:
             check_sweep_usable(Path(sweep_dir))
         else:
             claim_sweep_dir(Path(sweep_dir))
-    sys.argv[1:] = invocation.hydra_argv()
     # Hydra need not compose everything again to learn what the configs say of hydra.mode (unless the
     # command line sets it: those overrides are Hydra's, not composed above).
     read = len(modes) == 1 and not any("hydra.mode" in arg for arg in invocation.argv)
     known = mode_known(modes.pop()) if read else contextlib.nullcontext()
-    handed = (
-        run_composed(composed[0], invocation.hydra_overrides, invocation.multirun)
-        if composed
-        else contextlib.nullcontext()
-    )
+    handed = run_composed(composed[0], given, invocation.multirun) if composed else contextlib.nullcontext()
     # A named run dir is locked before Hydra writes its record there, so a live run is left untouched.
     named = invocation.fixed_run_dir()
     with known, handed:
@@ -320,9 +320,7 @@ def _start(invocation: Invocation) -> None:
             return
         # Checked and marked before the lock writes its file or Hydra its record: a folder of the user's is
         # refused with nothing written in it.
-        # The key the user gave: `resume=RUN_DIR` alone runs in RUN_DIR.
-        key = "resume" if invocation.value("hydra.run.dir") is None and invocation.resumed_dir else "hydra.run.dir"
-        claim = Claim.take(Path(named).resolve(), key)
+        claim = Claim.take(Path(named).resolve(), invocation.run_dir_key)
         try:
             with RunDirLock(claim.path):
                 from hydralight.rundir.record import FileSnapshot

@@ -30,7 +30,7 @@ def test_an_override_hydra_cannot_parse_is_one_line(argv, said):
 
 
 def test_flags_and_their_values_are_no_overrides():
-    Invocation(("--cfg", "job", "-p", "trainer", "hydra.run.dir=my runs", "~seed", "-m", "a=1,2")).check_readable()
+    Invocation(("--cfg", "job", "-p", "trainer", "-m", "hydra.run.dir=my runs", "~seed", "a=1,2")).check_readable()
 
 
 @pytest.mark.slow
@@ -188,3 +188,19 @@ def test_the_launcher_runs_the_config_the_sweep_check_composed():
     assert loader.name == "hydra's"
     copied = pickle.loads(pickle.dumps(ComposedOnce({"a": 1})))
     assert copied._loader == {"a": 1} and copied._kept == {}
+
+
+@pytest.mark.parametrize(
+    ("argv", "fixed"),
+    [
+        (["seed=1", "-m", "optim.lr=1,2"], "python train.py -m seed=1 optim.lr=1,2"),
+        (["optim.lr=2", "--cfg", "job", "seed=3"], "python train.py --cfg job optim.lr=2 seed=3"),
+    ],
+)
+def test_overrides_on_both_sides_of_a_flag_are_one_line_saying_how_to_write_them(argv, fixed):
+    """Hydra reads the command line as it is (it is never rewritten): what its parser would refuse with its usage
+    text is one line."""
+    with pytest.raises(UserError) as err:
+        Invocation(tuple(argv)).check_readable()
+    assert str(err.value).endswith(fixed) and "\n" not in str(err.value)
+    assert Invocation(tuple(fixed.split()[2:])).override_args == [a for a in argv if "=" in a]

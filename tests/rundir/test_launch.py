@@ -49,3 +49,48 @@ def test_an_early_rank_told_nothing_ends_quietly(clean_env):
     )  # fmt: skip
     out, err = child.communicate("", timeout=120)
     assert child.returncode == 0 and out == "" and err == ""
+
+
+@pytest.mark.parametrize(
+    ("env", "resume", "mode", "named"),
+    [
+        ({}, "auto", "train", None),  # a new dated folder
+        ({}, "outputs/a", "train", "outputs/a"),  # continued in its own dir
+        ({}, "outputs/a", "predict", None),  # reads its checkpoint, writes a dir of its own
+        ({"TORCHELASTIC_RUN_ID": "r1", "MASTER_PORT": "29500"}, "auto", "train", "outputs/torchrun-r1-29500"),
+        ({"SLURM_NTASKS": "2", "SLURM_JOB_ID": "77"}, "never", "train", "outputs/slurm-77"),
+        ({"SLURM_NTASKS": "2", "SLURM_JOB_ID": "77"}, "outputs/a", "train", "outputs/a"),
+    ],
+)
+def test_the_run_dir_a_launch_names_every_rank_resolves_alike(clean_env, monkeypatch, env, resume, mode, named):
+    """conf/hydra/default.yaml's run dir, as Hydra resolves it in every process of a launch."""
+    from omegaconf import OmegaConf
+
+    from hydralight.config.schema import Mode
+    from hydralight.rundir.launch import launch_run_dir, register_resolvers
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert launch_run_dir(resume, Mode[mode]) == named
+    register_resolvers()
+    cfg = OmegaConf.create({"resume": resume, "mode": mode, "dir": "${hydralight.run_dir:${resume},${mode},'dated'}"})
+    assert cfg.dir == (named or "dated")
+
+
+def test_hydras_record_and_log_come_from_rank_zero_and_never_over_a_continued_runs(clean_env, monkeypatch, tmp_path):
+    import logging
+
+    from hydralight.rundir.launch import log_handler, record_subdir
+
+    earlier = tmp_path / "run"
+    assert record_subdir("auto", "train", str(earlier)) == ".hydra"
+    assert record_subdir(str(earlier), "train", str(earlier)) is None  # its first record stays
+    assert record_subdir(str(earlier), "train", str(tmp_path / "elsewhere")) == ".hydra"  # hydra.run.dir given
+    assert type(log_handler("file", filename=str(tmp_path / "train.log"))) is logging.FileHandler
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r1")
+    monkeypatch.setenv("RANK", "1")
+    assert record_subdir("auto", "train", str(earlier)) is None
+    assert type(log_handler("file", filename=str(tmp_path / "rank1.log"))) is logging.NullHandler
+    console = log_handler("console")
+    assert console.level == logging.WARNING and console.stream is sys.stderr
+    assert not (tmp_path / "rank1.log").exists()

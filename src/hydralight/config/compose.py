@@ -3,9 +3,11 @@ once, and the config of every job of it composed and type-checked before anythin
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 import re
 import shlex
 import sys
@@ -17,56 +19,59 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydralight.config.folders import user_conf
-from hydralight.config.hydra_internals import sweep_jobs
+from hydralight.config.hydra_internals import hydra_args, sweep_jobs
 from hydralight.config.schema import planned_trainer_key, template_key
 from hydralight.errors import UserError
-from hydralight.rundir.launch import check_writable, shared_run_overrides
+from hydralight.rundir.launch import check_writable
 
-# Command-line flags of Hydra that take a value, those that change which config is composed, those that
-# only print something (no run dir is made), and those that print about Hydra itself.
-_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--experimental-rerun")
-_OTHER_CONFIG = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
-PRINT_ONLY = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
-_HYDRA_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")
 # The config group of hyperparameter search presets; they only make sense with -m.
 SEARCH_GROUP = "hparams_search"
 
 
 @dataclass(frozen=True)
 class Invocation:
-    """The command line of `python train.py`, read once: its overrides and what it asks Hydra to do."""
+    """The command line of `python train.py`, read once, by Hydra's own parser: its overrides and what it asks
+    Hydra to do."""
 
     argv: tuple[str, ...]
+    # The run dir the launch names when the command line names none: `resume=RUN_DIR`, the shared dir of a
+    # torchrun or srun launch (rundir.launch.launch_run_dir, read off the composed config).
+    launch_dir: str | None = None
+
+    @functools.cached_property
+    def args(self) -> argparse.Namespace:
+        """Hydra's reading of the command line; overrides it would refuse as "unrecognized arguments" (after a
+        flag and more overrides) are one line saying how to write them."""
+        args, rest = hydra_args(list(self.argv))
+        if rest:
+            overrides = [*args.overrides, *rest]
+            flags = [a for a in self.argv if a not in overrides]  # with their values (`--cfg job`)
+            raise UserError(
+                f"{' '.join(rest)} comes after {' '.join(flags)} and other overrides: Hydra reads the overrides as one "
+                f"group; put the flags before or after them all: python train.py {shlex.join([*flags, *overrides])}"
+            )
+        return args
 
     @property
     def multirun(self) -> bool:
-        return "-m" in self.argv or "--multirun" in self.argv or "hydra.mode=MULTIRUN" in self.argv
+        return bool(self.args.multirun) or "hydra.mode=MULTIRUN" in self.override_args
 
     @property
     def print_only(self) -> bool:
         """Hydra prints something (the config, help) and runs nothing."""
-        return any(flag in self.argv for flag in PRINT_ONLY)
+        a = self.args
+        return bool(a.cfg or a.help or a.hydra_help or a.info or a.shell_completion)
 
     @property
     def other_config(self) -> bool:
         """Another config tree, or nothing composed: Hydra checks and prints it itself."""
-        return any(arg.split("=", 1)[0] in _OTHER_CONFIG + _HYDRA_ONLY for arg in self.argv)
+        a = self.args
+        return bool(a.config_path or a.config_name or a.config_dir or a.help or a.hydra_help or a.info)
 
     @property
     def override_args(self) -> list[str]:
         """Every override of the command line, Hydra's own keys included (what Hydra's override parser reads)."""
-        found, skip = [], False
-        for arg in self.argv:
-            if skip or arg in _FLAGS_WITH_VALUE:
-                skip = not skip
-            elif not arg.startswith("-"):
-                found.append(arg)
-        return found
-
-    @property
-    def hydra_overrides(self) -> list[str]:
-        """The overrides Hydra runs a single run with (`hydra_argv`): the command line's and the project's own."""
-        return Invocation(tuple(self.hydra_argv())).override_args
+        return list(self.args.overrides)
 
     @property
     def overrides(self) -> list[str]:
@@ -118,7 +123,7 @@ class Invocation:
 
     def value(self, key: str) -> str | None:
         """The value the command line gives `key` (the last one wins), without Hydra's quotes."""
-        for arg in reversed(self.argv):
+        for arg in reversed(self.override_args):
             if arg.lstrip("+").startswith(f"{key}="):
                 value = arg.split("=", 1)[1]
                 if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
@@ -130,36 +135,19 @@ class Invocation:
     def plan_only(self) -> bool:
         return self.value("plan") in ("true", "True")
 
-    @property
-    def resumed_dir(self) -> str | None:
-        """`resume=RUN_DIR`: the earlier run this one continues, in its own dir (`mode=predict` and `mode=eval`
-        read its checkpoint and write a run dir of their own)."""
-        target = self.value("resume")
-        if target in (None, "auto", "never") or self.value("mode") in ("predict", "eval"):
-            return None
-        return target
-
-    def hydra_argv(self) -> list[str]:
-        """The command line Hydra runs: every rank of an external launch shares one run dir, and
-        `resume=RUN_DIR` runs in RUN_DIR (Hydra's record of the original command stays)."""
-        extra: list[str] = []
-        run_dir_given = self.value("hydra.run.dir") is not None
-        if not self.multirun:
-            extra += shared_run_overrides(run_dir_given)
-            if self.resumed_dir is not None and not run_dir_given:
-                extra += [f"hydra.run.dir={self.resumed_dir}", "hydra.output_subdir=null"]
-        # Before any flag: Hydra's parser takes overrides only ahead of `--cfg job` and the like; `-m` first, as
-        # overrides after it would be refused ("unrecognized arguments").
-        multirun = [a for a in self.argv if a in ("-m", "--multirun")]
-        return [*multirun, *extra, *(a for a in self.argv if a not in multirun)]
-
     def fixed_run_dir(self) -> str | None:
-        """The run dir a single run (or `plan=true`) will write, when the command line names it (a rerun, a
-        requeue, `resume=RUN_DIR`): checked and locked before Hydra writes its record there."""
+        """The run dir a single run (or `plan=true`) will write, when the command line or the launch names it (a
+        rerun, a requeue, `resume=RUN_DIR`): checked and locked before Hydra writes its record there."""
         if self.multirun or self.print_only:
             return None
-        named = Invocation(tuple(self.hydra_argv())).value("hydra.run.dir")
+        named = self.value("hydra.run.dir") or self.launch_dir
         return None if named is None or "${" in named else named  # `${now:...}`: Hydra names it; locked there
+
+    @property
+    def run_dir_key(self) -> str:
+        """The key that named the run dir, for messages: `resume=RUN_DIR` alone runs in RUN_DIR."""
+        given = self.value("hydra.run.dir") is None and self.launch_dir == self.value("resume")
+        return "resume" if given else "hydra.run.dir"
 
     def fixed_sweep_dir(self, multirun: bool = False) -> str | None:
         """The sweep dir a `-m` run (or one whose config sets multirun: `multirun`) will write, when the command
@@ -170,9 +158,12 @@ class Invocation:
         return None if named is None or "${" in named else named
 
     def hydra_record_dir(self) -> str | None:
-        """The folder of the run dir where Hydra writes its own record (`hydra.output_subdir`; None: none)."""
-        given = Invocation(tuple(self.hydra_argv())).value("hydra.output_subdir")
-        return ".hydra" if given is None else None if given in ("null", "") else given
+        """The folder of the run dir where Hydra writes its own record (`hydra.output_subdir`; None: none): by
+        default none in a continued run's own dir (rundir.launch.record_subdir)."""
+        given = self.value("hydra.output_subdir")
+        if given is None:
+            return None if self.value("hydra.run.dir") is None and self.run_dir_key == "resume" else ".hydra"
+        return None if given in ("null", "") else given
 
     def check_writable(self) -> None:
         """Refuse a run or sweep dir that cannot be written, before Hydra starts."""
@@ -183,9 +174,8 @@ class Invocation:
     def _output_template(self) -> str:
         key = "hydra.sweep.dir" if self.multirun else "hydra.run.dir"
         # Without one: conf/hydra/default.yaml's, a dated folder inside `outputs/` (`multirun/`).
-        return (
-            Invocation(tuple(self.hydra_argv())).value(key) or f"{'multirun' if self.multirun else 'outputs'}/${{now:}}"
-        )
+        named = self.value(key) or (None if self.multirun else self.launch_dir)
+        return named or f"{'multirun' if self.multirun else 'outputs'}/${{now:}}"
 
     def missing_output_folders(self) -> tuple[Path, ...]:
         """The folders above a run or sweep dir (`outputs/` of `outputs/${now:...}`) which do not exist yet, the
@@ -284,7 +274,7 @@ def compose_jobs(
 
     if invocation.other_config:
         return []
-    if invocation.multirun and any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in invocation.argv):
+    if invocation.multirun and invocation.args.cfg:
         # Hydra refuses the pair with a traceback.
         raise UserError("--cfg prints the config of one run; drop -m (each job of a sweep composes the same way)")
     invocation.check_readable()
@@ -293,7 +283,7 @@ def compose_jobs(
     searched = [a for a in invocation.overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
     _refuse_optuna_plugin_keys(a.lstrip("+").split("=", 1)[0] for a in invocation.override_args)
     # Composed with Hydra's keys too, as Hydra will compose it.
-    overrides = invocation.hydra_overrides if for_hydra is not None else invocation.overrides
+    overrides = invocation.override_args if for_hydra is not None else invocation.overrides
     mode = RunMode.MULTIRUN if invocation.multirun else RunMode.RUN
     named = {"job_name": job_name} if job_name else {}  # else the compose API's own default
     with initialize_config_dir(config_dir=config_dir, version_base="1.3", **named):

@@ -24,6 +24,13 @@ def sweep_jobs(parsed: list[Any]) -> list[list[str]]:
     return [job for batch in sweeper.split_arguments(parsed, None) for job in batch]
 
 
+def hydra_args(argv: list[str]) -> tuple[Any, list[str]]:
+    """The command line as `@hydra.main` reads it (Hydra's own argument parser), and what it would refuse."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_known_args(argv)
+
+
 @contextlib.contextmanager
 def mode_known(mode: Any) -> Iterator[None]:
     """While Hydra starts the run: Hydra 1.3 composes the whole config once more only to read `hydra.mode`

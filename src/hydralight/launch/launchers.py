@@ -4,7 +4,6 @@ What the stock launcher lacks, and this adds:
 - resources per job from that job's own plan (nodes, tasks per node = devices, GPUs, CPUs, memory),
   so `hardware=8gpu` cannot ask SLURM for 4 tasks, and a sweep over hardware sizes each job right;
 - job ids and output dirs printed at submission; `dry_run=true` writes the sbatch scripts only;
-- ranks other than 0 write no Hydra record or log into the job dir;
 - sbatch's refusals (unknown partition, too many GPUs) as one line and exit code 2.
 """
 
@@ -41,8 +40,6 @@ RESOURCE_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "m
 # How often a waiting sweep looks at its jobs, and says where they stand when none changed state.
 POLL_S = 2.0
 HEARTBEAT_S = 30.0
-# Logging for ranks > 0: warnings to stderr, nothing into the job's log file.
-QUIET_LOGGING = {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING", "handlers": []}}
 
 
 @dataclass
@@ -239,13 +236,10 @@ class PlannedLauncherMixin:
         setup_globals()
         if sweep_config is None:
             sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
-        env = submitit.JobEnvironment()
+        # Ranks other than 0 write no Hydra record or log into the job dir (conf/hydra's resolvers say so).
         with open_dict(sweep_config.hydra):
-            sweep_config.hydra.job.id = env.job_id
+            sweep_config.hydra.job.id = submitit.JobEnvironment().job_id
             sweep_config.hydra.job.num = job_num
-            if env.global_rank > 0:
-                sweep_config.hydra.output_subdir = None
-                sweep_config.hydra.job_logging = QUIET_LOGGING
         return run_job(
             hydra_context=self.hydra_context,
             task_function=self.task_function,

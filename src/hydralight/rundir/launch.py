@@ -4,11 +4,14 @@ all ranks of one launch share. Read from the environment before Hydra composes a
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 from hydralight.errors import UserError
 
@@ -41,26 +44,50 @@ def is_rank_zero() -> bool:
     return global_rank() == 0
 
 
-def shared_run_overrides(run_dir_given: bool) -> list[str]:
-    """Overrides that make every rank of an externally launched run share one run dir.
-
-    Hydra would give each rank its own time-stamped dir. The dir is named after the launch instead
-    (torchrun's run id and rendezvous port, or the SLURM job id, which a requeued job keeps), and
-    only rank 0 writes Hydra's record and log there.
-    """
+def launch_run_dir(resume: Any, mode: Any) -> str | None:
+    """The run dir this launch names, when it names one: `resume=RUN_DIR` continues in RUN_DIR (a training run;
+    `mode=eval` and `mode=predict` read its checkpoint and write a run dir of their own); every rank of a
+    torchrun or srun launch shares one named after the launch (torchrun's run id and rendezvous port, or the
+    SLURM job id, which a requeued job keeps), where Hydra would give each rank its own time-stamped dir.
+    None: a new dated folder (conf/hydra/default.yaml)."""
+    if str(resume) not in ("auto", "never", "None", "") and getattr(mode, "name", str(mode)) == "train":
+        return str(resume)
     launcher = external_launcher()
-    if launcher is None:
-        return []
-    extra = []
-    if not run_dir_given:
-        if launcher == "torchrun":
-            stamp = f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}-{os.environ.get('MASTER_PORT', '0')}"
-        else:
-            stamp = f"slurm-{os.environ.get('SLURM_ARRAY_JOB_ID', os.environ.get('SLURM_JOB_ID', '0'))}"
-        extra.append(f"hydra.run.dir=outputs/{stamp}")
+    if launcher == "torchrun":
+        return f"outputs/torchrun-{os.environ['TORCHELASTIC_RUN_ID']}-{os.environ.get('MASTER_PORT', '0')}"
+    if launcher == "slurm":
+        return f"outputs/slurm-{os.environ.get('SLURM_ARRAY_JOB_ID', os.environ.get('SLURM_JOB_ID', '0'))}"
+    return None
+
+
+def record_subdir(resume: Any, mode: Any, output_dir: str) -> str | None:
+    """Where in its run dir Hydra writes its record of the run (`hydra.output_subdir`): `.hydra`; nowhere from a
+    rank other than 0 of a launch, nor into the dir of an earlier run this one continues (its record stays)."""
+    continued = launch_run_dir(resume, mode) == str(resume)
+    if not is_rank_zero() or (continued and Path(output_dir).resolve() == Path(str(resume)).resolve()):
+        return None
+    return ".hydra"
+
+
+def log_handler(to: str, **file: Any) -> logging.Handler:
+    """A handler of Hydra's job logging (conf/hydra/job_logging/project.yaml): rank 0 writes to the console
+    (`to: console`) and the run's log file (`to: file`, `filename`); the other ranks of a launch only their
+    warnings, to stderr."""
     if not is_rank_zero():
-        extra += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]
-    return extra
+        handler: logging.Handler = logging.StreamHandler(sys.stderr) if to == "console" else logging.NullHandler()
+        handler.setLevel(logging.WARNING)
+        return handler
+    return logging.FileHandler(file["filename"]) if to == "file" else logging.StreamHandler(sys.stdout)
+
+
+def register_resolvers() -> None:
+    """The resolvers conf/hydra/default.yaml names, for every process that composes or runs a job."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver(
+        "hydralight.run_dir", lambda resume, mode, dated: launch_run_dir(resume, mode) or dated, replace=True
+    )
+    OmegaConf.register_new_resolver("hydralight.record_subdir", record_subdir, replace=True)
 
 
 def check_writable(folder: str) -> None:
