@@ -34,6 +34,16 @@ def test_the_template_data_module_trains_on_the_planned_global_batch(processes, 
 
 
 @pytest.mark.slow
+def test_the_template_trains_a_per_device_batch_its_own_setup_would_refuse(tiny_data, tmp_path):
+    """3 a device on 2 processes: the template's setup refuses batch_size=3 (not divisible by 2); it is given 6."""
+    run = tmp_path / "run"
+    args = [*ARGS, "batch.global_size=6", "hardware.devices=2", "strategy=ddp", "trainer.max_steps=4"]
+    done = run_cli(args, run, tiny_data, cwd=TEMPLATE, PYTHONPATH=str(TEMPLATE))
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert measured(run) == {"rank0.json": 3, "rank1.json": 3}
+
+
+@pytest.mark.slow
 def test_a_data_module_that_ignores_batch_size_is_refused_before_it_trains(tmp_path):
     (tmp_path / "conf" / "data").mkdir(parents=True)
     (tmp_path / "conf" / "data" / "fixed.yaml").write_text(

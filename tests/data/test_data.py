@@ -207,6 +207,15 @@ class _DividesByWorld(pl.LightningDataModule):
         return DataLoader(range(512), batch_size=self.per_device)
 
 
+class _RefusesIndivisible(_DividesByWorld):
+    """lightning-hydra-template's data module: its setup refuses a batch_size the world size does not divide."""
+
+    def setup(self, stage: str) -> None:
+        if self.batch_size % self.trainer.world_size != 0:
+            raise RuntimeError(f"Batch size ({self.batch_size}) is not divisible by the number of devices")
+        self.per_device = self.batch_size // self.trainer.world_size
+
+
 class _Doubles(_DividesByWorld):
     def setup(self, stage: str) -> None:
         self.per_device = self.batch_size * 2
@@ -236,6 +245,23 @@ def test_a_data_module_that_divides_by_the_world_size_is_given_the_global_batch(
     kept = PlainDataModule("x", batch_size=16)
     assert with_planned_batch(kept, plain, planned, world_size=2) is kept and kept.trainer is None
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("per_device", [3, 8])
+def test_a_template_data_module_gets_the_global_batch_even_where_its_setup_refuses_the_per_device_one(
+    per_device, capsys
+):
+    """A per-device batch of 3 on 2 processes: the template's setup refuses 3 (not divisible by 2), but is given
+    the global 6 and trains on 3 per device, as planned."""
+    from hydralight.data.contract import loader_batch_size, with_planned_batch
+
+    spec = {"_target_": f"{__name__}._RefusesIndivisible"}
+    built = with_planned_batch(_RefusesIndivisible(per_device), spec, {"batch_size": per_device}, world_size=2)
+    assert built.batch_size == 2 * per_device and loader_batch_size(built, 2) == per_device
+    said = "its setup refused it" if per_device == 3 else "its loader gave 4 per device"
+    assert (
+        f"divides batch_size by the world size itself ({said} for batch_size={per_device})" in capsys.readouterr().err
+    )
 
 
 def test_a_data_module_whose_loader_yields_another_batch_is_refused():
@@ -268,3 +294,19 @@ def test_idx_images_of_the_right_length_but_other_sizes_are_refused(tmp_path):
     write_idx(raw / "t10k-images-idx3-ubyte", np.zeros((20, 14, 56), dtype=np.uint8))  # 784 bytes each, as 28x28
     with pytest.raises(UserError, match=r"holds images of 14x56 where MNIST's are 28x28"):
         MNISTDataModule(str(root)).prepare_data()
+
+
+class _NoLoaderOptions:
+    def __init__(self, batch_size: int = 8) -> None:
+        self.batch_size = batch_size
+
+
+def test_a_loader_setting_the_command_line_gives_a_data_module_that_cannot_take_it_is_refused():
+    """batch.drop_last=true for a data module without a drop_last argument would be ignored: one line instead."""
+    from hydralight.data.contract import datamodule_kwargs
+
+    spec = {"_target_": f"{__name__}._NoLoaderOptions"}
+    planned = {"batch_size": 8, "drop_last": True, "num_workers": 0}
+    assert datamodule_kwargs(spec, planned) == {"batch_size": 8}  # the plan's defaults: offered, not asked for
+    with pytest.raises(UserError, match=r"batch.drop_last=true is given, but _NoLoaderOptions takes no drop_last"):
+        datamodule_kwargs(spec, planned, {"drop_last": "batch.drop_last=true"})

@@ -36,15 +36,18 @@ def shards_by_rank(datamodule: Any) -> bool:
     return bool(getattr(datamodule, "shards_by_rank", False))
 
 
-def datamodule_kwargs(data: Mapping[str, Any], planned: Mapping[str, Any]) -> dict[str, Any]:
+def datamodule_kwargs(
+    data: Mapping[str, Any], planned: Mapping[str, Any], explicit: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The planned settings (the seed included) that the constructor of `data._target_` takes by name.
 
     A data module that takes neither `global_size` nor `batch_size` is refused: the plan's batch would not
     reach it. A planned setting also written in `data.*` (a lightning-hydra-template data config sets
-    `batch_size`, `num_workers`, `pin_memory`) gets the plan's value: `replaced_by_plan` says so.
+    `batch_size`, `num_workers`, `pin_memory`) gets the plan's value: `replaced_by_plan` says so. A setting the
+    command line gave (`explicit`: batch.drop_last=true) that the constructor does not take is refused.
     """
     target = import_target(str(data.get("_target_")), "data._target_")
-    given = bind(target, {k: v for k, v in data.items() if k not in planned}, planned, "data")
+    given = bind(target, {k: v for k, v in data.items() if k not in planned}, planned, "data", explicit)
     if "global_size" not in given and "batch_size" not in given:
         raise UserError(
             f"the data module {data.get('_target_')} takes neither batch_size nor global_size, so the planned batch "
@@ -67,10 +70,12 @@ def replaced_by_plan(data: Mapping[str, Any], planned: Mapping[str, Any]) -> lis
     ]
 
 
-def build_datamodule(data: Mapping[str, Any], planned: Mapping[str, Any]) -> Any:
+def build_datamodule(
+    data: Mapping[str, Any], planned: Mapping[str, Any], explicit: Mapping[str, str] | None = None
+) -> Any:
     """`data._target_` built with its own settings and the planned ones it takes; a UserError raised by
     its constructor stays one line (Hydra would wrap it in its own error)."""
-    return instantiate(data, **datamodule_kwargs(data, planned))
+    return instantiate(data, **datamodule_kwargs(data, planned, explicit))
 
 
 def with_planned_batch(module: Any, data: Mapping[str, Any], planned: Mapping[str, Any], world_size: int) -> Any:
@@ -88,22 +93,28 @@ def with_planned_batch(module: Any, data: Mapping[str, Any], planned: Mapping[st
         return module
     wanted = int(kwargs["batch_size"])
     seen = loader_batch_size(module, world_size)
-    if seen is None or seen == wanted:
-        return module  # what its loaders yield is measured again at the first batch (training.guards)
-    if seen * world_size != wanted:
+    if seen == wanted:
+        return module
+    if seen is not None and seen * world_size != wanted:
         raise UserError(_batch_refusal(data, wanted, seen, world_size))
-    module = instantiate(data, **{**kwargs, "batch_size": wanted * world_size})
-    if (again := loader_batch_size(module, world_size)) not in (None, wanted):
+    # It divides by the world size (or its setup refused the per-device batch, as such a module refuses one the
+    # world size does not divide): given the global batch, its loader must yield the planned one.
+    divider = instantiate(data, **{**kwargs, "batch_size": wanted * world_size})
+    again = loader_batch_size(divider, world_size)
+    if seen is None and again != wanted:
+        return module  # what its loaders yield is measured again at the first batch (training.guards)
+    if again not in (None, wanted):
         raise UserError(_batch_refusal(data, wanted, again, world_size))
     if global_rank() == 0:
+        gave = f"its loader gave {seen} per device" if seen is not None else "its setup refused it"
         print(
-            f"note: the data module {data.get('_target_')} divides batch_size by the world size itself (its "
-            f"loader gave {seen} per device for batch_size={wanted}), so it is given batch_size="
-            f"{wanted * world_size}: each of the {world_size} processes trains on the planned {wanted}",
+            f"note: the data module {data.get('_target_')} divides batch_size by the world size itself ({gave} "
+            f"for batch_size={wanted}), so it is given batch_size={wanted * world_size}: each of the {world_size} "
+            f"processes trains on the planned {wanted}",
             file=sys.stderr,
             flush=True,
         )
-    return module
+    return divider
 
 
 def _batch_refusal(data: Mapping[str, Any], wanted: int, seen: int, world_size: int) -> str:
