@@ -84,9 +84,10 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     # 1. Check the plan against this machine; build what writes nothing: data, module, the resume decision.
     check_plan(plan, machine)
     this_machine.seed(plan.seed)
-    data = build_datamodule(plan.data.spec, plan.data.offered)
+    data = build_datamodule(plan.data.spec, plan.data.offered, plan.data.explicit)
     if is_rank_zero():
-        data.prepare_data()  # missing or corrupt files are refused before any run file is written
+        with lightning_refusals():  # missing or corrupt files are refused before any run file is written
+            data.prepare_data()
     data = with_planned_batch(data, plan.data.spec, plan.data.offered, plan.hardware.world_size)
     sizes = stated_sizes(data)
     resume = Resume(plan)
@@ -244,6 +245,23 @@ def main(cfg: DictConfig) -> float | None:
                 from hydralight.rundir.layout import RunDir
 
                 record_failure(RunDir(run_dir), str(err), job.overrides)
+            return None
+        except Exception as err:
+            if job.sweep_dir is None:
+                raise
+            # One job's crash (a module's bug, a value it cannot take) ends that job, not the sweep: its traceback
+            # is said, its manifest says why, and the sweep's last line counts it.
+            import traceback
+
+            from hydra.core.hydra_config import HydraConfig
+
+            from hydralight.rundir.layout import RunDir
+
+            traceback.print_exc()
+            reason = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            print(f"error: job {HydraConfig.get().job.num} ({run_dir}) crashed: {reason}", file=sys.stderr, flush=True)
+            if claim is not None:
+                record_failure(RunDir(run_dir), reason, job.overrides)
             return None
 
 

@@ -91,6 +91,7 @@ def bind(
                     f"{key}.{arg} is not an argument of {name} (it takes {', '.join(sorted(names)) or 'none'}){came}; "
                     f"drop it with ~{key}.{arg}, or fix its name"
                 )
+    _check_annotated_types(target, spec, key, name)
     given = {k: v for k, v in offered.items() if k not in spec and (k in names or (open_ and k in through_kwargs))}
     for value_name, override in (explicit or {}).items():
         if value_name in spec:
@@ -104,6 +105,42 @@ def bind(
                 f"drop {override} (the module decides its {value_name} itself)"
             )
     return given
+
+
+# What a constructor's annotation asks for, where a string that does not read as one is certainly wrong.
+_SCALARS: dict[Any, tuple[str, Any]] = {
+    int: ("an integer", int),
+    float: ("a number", float),
+    bool: ("true or false", lambda v: {"true": True, "false": False}[v.lower()]),
+}
+
+
+def _check_annotated_types(target: Any, spec: Mapping[str, Any], key: str, name: str) -> None:
+    """Refuse a string argument where the constructor's annotation asks for a number or a flag (`model.hidden=abc`
+    for `hidden: int`): Python would take it, and the run would fail deep inside training."""
+    import types
+    import typing
+
+    try:
+        params = inspect.signature(target, eval_str=True).parameters
+    except Exception:  # no signature, or annotations that do not evaluate: nothing to check against
+        return
+    for arg, value in spec.items():
+        if not isinstance(value, str) or arg not in params:
+            continue
+        wanted = params[arg].annotation
+        if typing.get_origin(wanted) in (typing.Union, types.UnionType):  # `float | None`
+            kinds = set(typing.get_args(wanted)) - {type(None)}
+            wanted = kinds.pop() if len(kinds) == 1 else None
+        if wanted not in _SCALARS:
+            continue
+        said, read = _SCALARS[wanted]
+        try:
+            read(value)
+        except (ValueError, KeyError):
+            raise UserError(
+                f"{key}.{arg}={value} is not {said}, which {name} takes ({arg}: {wanted.__name__}); give {said}"
+            ) from None
 
 
 def instantiate(spec: Mapping[str, Any], **given: Any) -> Any:

@@ -146,8 +146,8 @@ UNUSED_PARAMETERS = re.compile(
 @contextlib.contextmanager
 def lightning_refusals() -> Iterator[None]:
     """Settings Lightning refuses only once `fit` has the data (a validation interval longer than the epoch, an
-    option of a user's module or data it rejects, parameters DDP finds unused), as one line instead of a traceback
-    from its internals."""
+    option of a user's module or data it rejects, parameters DDP finds unused), and a data folder or file that is
+    not there, as one line instead of a traceback from its internals."""
     from lightning_fabric.utilities.exceptions import MisconfigurationException
     from torch.multiprocessing import ProcessRaisedException
 
@@ -162,6 +162,13 @@ def lightning_refusals() -> Iterator[None]:
         _unused_parameters(err)
     except RuntimeError as err:
         _unused_parameters(err)
+    except (FileNotFoundError, NotADirectoryError) as err:  # a path of the data config (a user's data module)
+        if not is_rank_zero():
+            raise SystemExit(EXIT_USER_ERROR) from None  # every rank misses it; rank 0 says so
+        raise UserError(
+            f"{err.filename or err} is missing ({err.strerror or type(err).__name__}, where the run reads its "
+            "data); check the path the data config gives (data.*), or put the files there"
+        ) from None
     except ValueError as err:
         counts = re.match(r"`val_check_interval` \((\d+)\).*?\((\d+)\)", str(err).strip())
         if counts is None:

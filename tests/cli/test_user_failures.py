@@ -1,0 +1,92 @@
+"""A user's code that fails. A data module whose files are not where its config says: one line naming the path,
+exit code 2, and no run dir left, whether it reads them in `prepare_data` or in `setup` (inside `fit`), on 1 and
+2 processes. A module that crashes in one job of a sweep: that job fails with its traceback, the others run, and
+the sweep's last line counts it."""
+
+import json
+
+import pytest
+from conftest import ROOT, one_line, run_cli, run_python
+
+READS = """\
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class FolderData(pl.LightningDataModule):
+    def __init__(self, root: str, batch_size: int = 8, in_setup: bool = False) -> None:
+        super().__init__()
+        self.root, self.batch_size, self.in_setup = root, batch_size, in_setup
+
+    def prepare_data(self) -> None:
+        if not self.in_setup:
+            open(f"{self.root}/train.pt", "rb").close()
+
+    def setup(self, stage: str) -> None:
+        self.data = TensorDataset(torch.load(f"{self.root}/train.pt"), torch.zeros(64, dtype=torch.long))
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=self.batch_size)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [[], ["hardware.devices=2", "strategy=ddp"]], ids=["1", "ddp"])
+@pytest.mark.parametrize("in_setup", [False, True], ids=["prepare_data", "setup"])
+def test_a_data_folder_that_is_not_there_is_one_line(processes, in_setup, tmp_path):
+    (tmp_path / "folder_data.py").write_text(READS)
+    missing = tmp_path / "nowhere"
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "data" / "folder.yaml").write_text(f"_target_: folder_data.FolderData\nroot: {missing}\n")
+    args = ["hardware=cpu", "model._target_=pytorch_lightning.demos.boring_classes.BoringModel", "data=folder",
+            f"+data.in_setup={in_setup}", "batch.global_size=8", "trainer.max_steps=2", *processes]  # fmt: skip
+    run = tmp_path / "run"
+    line = one_line(run_cli(args, run, cwd=tmp_path, PYTHONPATH=str(tmp_path)))
+    assert line.startswith(f"error: {missing}/train.pt is missing (No such file or directory"), line
+    assert not run.exists()
+
+
+CRASHES = """\
+import pytorch_lightning as pl
+from pytorch_lightning.demos.boring_classes import BoringModel, RandomDataset
+from torch.utils.data import DataLoader
+
+
+class Data(pl.LightningDataModule):
+    def __init__(self, batch_size: int = 4) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def train_dataloader(self):
+        return DataLoader(RandomDataset(32, 64), batch_size=self.batch_size)
+
+
+class Crashes(BoringModel):
+    def __init__(self, crash: bool = False) -> None:
+        super().__init__()
+        self.crash = crash
+
+    def training_step(self, batch, batch_idx):
+        if self.crash:
+            raise ZeroDivisionError("the module's own bug")
+        return super().training_step(batch, batch_idx)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_that_crashes_ends_alone_and_the_sweep_counts_it(tmp_path):
+    import sys
+
+    (tmp_path / "crashes.py").write_text(CRASHES)
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "hardware=cpu", "model._target_=crashes.Crashes",
+               "+model.crash=true,false", "data._target_=crashes.Data", "batch.global_size=4",
+               "trainer.max_steps=2", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    done = run_python(command, {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-3000:])
+    assert "ZeroDivisionError: the module's own bug" in done.stderr and "Error executing job" not in done.stderr
+    assert "1 of 2 jobs done" in done.stdout, done.stdout[-2000:]
+    failed = json.loads((sweep / "0" / "manifest.json").read_text())
+    assert failed["status"] == "failed" and failed["error"] == "ZeroDivisionError: the module's own bug"
+    assert json.loads((sweep / "1" / "manifest.json").read_text())["status"] == "finished"
