@@ -204,3 +204,33 @@ def test_overrides_on_both_sides_of_a_flag_are_one_line_saying_how_to_write_them
         Invocation(tuple(argv)).check_readable()
     assert str(err.value).endswith(fixed) and "\n" not in str(err.value)
     assert Invocation(tuple(fixed.split()[2:])).override_args == [a for a in argv if "=" in a]
+
+
+class _Mine:
+    """A module of the user's, named over a shipped (typed) option on the command line."""
+
+    def __init__(self, width: int = 4, crash: bool = False) -> None:
+        self.width, self.crash = width, crash
+
+
+@pytest.mark.parametrize("group", ["model", "data"])
+def test_a_target_named_over_a_shipped_option_takes_its_own_arguments(group):
+    """`model._target_=my.Module model.width=8`: the shipped option's schema says nothing of the new module's
+    arguments; those its constructor takes are added (`++`) and pass the composed config's check, in a sweep too."""
+    from hydralight.config.compose import compose_jobs, reach_module_arguments
+    from hydralight.train import CONFIG_DIR
+
+    argv = (f"{group}._target_={__name__}._Mine", f"{group}.width=8")
+    reached = reach_module_arguments(CONFIG_DIR, "train", Invocation(argv))
+    assert reached.argv == (argv[0], f"++{group}.width=8")
+    (cfg,) = compose_jobs(CONFIG_DIR, "train", reached)
+    assert cfg[group].width == 8
+    swept = reach_module_arguments(CONFIG_DIR, "train", Invocation(("-m", *argv[:1], f"{group}.crash=true,false")))
+    assert swept.argv[-1] == f"++{group}.crash=true,false"
+    # Not an argument of the module: left as typed, and refused when composed.
+    with pytest.raises(UserError, match=rf"{group}.depth is not a config key"):
+        compose_jobs(
+            CONFIG_DIR,
+            "train",
+            reach_module_arguments(CONFIG_DIR, "train", Invocation((*argv[:1], f"{group}.depth=2"))),
+        )

@@ -224,32 +224,46 @@ def shadowed_options(config_dir: str, user: Path | None = None) -> list[str]:
 
 
 def reach_module_arguments(config_dir: str, config_name: str, invocation: Invocation) -> Invocation:
-    """The command line with `model.X=v` read as `++model.X=v` where X is an argument of your module's constructor
-    that its config does not list: Hydra refuses a key it has never seen, and the constructor takes it."""
-    given = [a for a in invocation.overrides if re.match(r"model\.\w+=", a)]
+    """The command line with `model.X=v` (`data.X=v`) read as `++model.X=v` where X is an argument of your module's
+    (data module's) constructor that its config does not list: Hydra refuses a key it has never seen, and the
+    constructor takes it."""
+    given = [a for a in invocation.overrides if re.match(r"(model|data)\.(?!_)\w+=", a)]
     if not given:
         return invocation
     from hydra import compose, initialize_config_dir
 
     from hydralight.config.binding import accepted_arguments, import_target
 
-    # The module the rest of the command line chooses (sweep values left out: they choose no module).
+    # The modules the rest of the command line chooses (sweep values left out: they choose no module).
     rest = [a for a in invocation.overrides if a not in given and not re.search(r"[,(]", a.partition("=")[2])]
     try:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            model = compose(config_name=config_name, overrides=rest).get("model") or {}
+            cfg = compose(config_name=config_name, overrides=rest)
     except Exception:  # compose_jobs says what is wrong with the command line
         return invocation
-    missing = {a for a in given if a.split("=", 1)[0].split(".")[1] not in model}
-    # A typed model config (a shipped option's schema) lists every argument its module takes.
-    if not missing or "_target_" not in model or OmegaConf.get_type(model) not in (dict, None):
-        return invocation
-    try:
-        names, _ = accepted_arguments(import_target(str(model["_target_"]), "model._target_"))
-    except UserError:
-        return invocation  # said where the module is built
-    taken = {a for a in missing if a.split("=", 1)[0].split(".")[1] in names}
+    taken = set()
+    for group in ("model", "data"):
+        node = cfg.get(group) or {}
+        missing = [a for a in given if a.startswith(f"{group}.") and a.split("=", 1)[0].split(".")[1] not in node]
+        # A typed config (a shipped option's schema) lists every argument of the module it names.
+        if not missing or "_target_" not in node or not _replaced_target(node):
+            continue
+        try:
+            names, _ = accepted_arguments(import_target(str(node["_target_"]), f"{group}._target_"))
+        except UserError:
+            continue  # said where the module is built
+        taken |= {a for a in missing if a.split("=", 1)[0].split(".")[1] in names}
     return Invocation(tuple(f"++{a}" if a in taken else a for a in invocation.argv))
+
+
+def _replaced_target(node: Any) -> bool:
+    """Whether a config's `_target_` is another than its schema's (`model._target_=my.Module` over a shipped
+    option): the schema then says nothing of its arguments. An untyped config has no schema to go by."""
+    kind = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(kind):
+        return True
+    default = next((f.default for f in dataclasses.fields(kind) if f.name == "_target_"), None)
+    return default is not None and node.get("_target_") != default
 
 
 def compose_jobs(
@@ -502,7 +516,8 @@ def _added_to_a_schema(cfg: DictConfig) -> str | None:
         if not isinstance(node, DictConfig):
             return None
         kind = OmegaConf.get_type(node)
-        names = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
+        typed = dataclasses.is_dataclass(kind) and not ("_target_" in node and _replaced_target(node))
+        names = {f.name for f in dataclasses.fields(kind)} if typed else None
         for key, value in node.items_ex(resolve=False):  # interpolations unresolved (`${now:...}`, `???`)
             where = path + str(key)
             if where == "hydra":

@@ -120,6 +120,8 @@ class DataPlan:
 
     spec: dict[str, Any]
     offered: dict[str, Any]
+    # Planned settings the command line set (name -> the override): refused when the constructor does not take them.
+    explicit: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def resolve(cfg: DictConfig | dict[str, Any], machine: Machine, job: JobInfo) ->
         framework=fw,
         task=task,
         model=_model(c, task, job),
-        data=_data(c, task),
+        data=_data(c, task, job),
         trainer=_trainer(c, hw, fw, task, run_dir),
         callbacks=_specs(c.get("callbacks")),
         loggers=_specs(c.get("logger")),
@@ -465,7 +465,7 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
     nested = [f"model.{key}._target_" for key, value in spec.items() if isinstance(value, dict) and "_target_" in value]
     replaced = _override_key(_overridden(job, "model._target_", *nested))
     if replaced == "model._target_":
-        spec = _without_the_replaced_options_arguments(spec, job)
+        spec = _without_the_replaced_options_arguments(spec, job, "model")
     return ModelPlan(
         spec=spec,
         offered=offered,
@@ -490,15 +490,15 @@ def _lr_chosen(c: DictConfig, job: JobInfo) -> bool:
     return c.optim.get("lr") != own.get("lr") or c.optim.get("lr_scaling", "none") != own.get("lr_scaling", "none")
 
 
-def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo) -> dict[str, Any]:
-    """`model._target_=my.Module` on the command line: the arguments the model option set for the module it
-    named (a network, `_recursive_: false`) that the new module does not take are left
-    out; those given on the command line stay, and are checked against its constructor."""
+def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo, group: str) -> dict[str, Any]:
+    """`model._target_=my.Module` (`data._target_=my.DataModule`) on the command line: the arguments the option
+    set for the module it named (a network, `_recursive_: false`, a data folder) that the new one does not take are
+    left out; those given on the command line stay, and are checked against its constructor."""
     from hydralight.config.binding import accepted_arguments, import_target
 
     keys = [str(_override_key(item)) for item in job.overrides]
-    given = {key.split(".")[1] for key in keys if key.startswith("model.")}
-    names, takes_any = accepted_arguments(import_target(str(spec["_target_"]), "model._target_"))
+    given = {key.split(".")[1] for key in keys if key.startswith(f"{group}.")}
+    names, takes_any = accepted_arguments(import_target(str(spec["_target_"]), f"{group}._target_"))
     if takes_any:
         return spec
     # `_recursive_: false` was the replaced module's (it built its nested targets itself); others get theirs built.
@@ -506,12 +506,14 @@ def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo) 
     return {k: v for k, v in spec.items() if k not in unused}
 
 
-def _data(c: DictConfig, task: TaskPlan) -> DataPlan:
+def _data(c: DictConfig, task: TaskPlan, job: JobInfo) -> DataPlan:
     spec = _plain(c.get("data"))
     if "_target_" not in spec:
         raise UserError(
             "the data has no _target_: pick a data option (data=<name>; --help lists them) or set data._target_=..."
         )
+    if _override_key(_overridden(job, "data._target_")) == "data._target_":
+        spec = _without_the_replaced_options_arguments(spec, job, "data")
     offered = {
         "global_size": task.global_size,
         "batch_size": task.per_device_size,
@@ -523,7 +525,13 @@ def _data(c: DictConfig, task: TaskPlan) -> DataPlan:
         "drop_last": task.drop_last,
         "seed": int(c.seed),
     }
-    return DataPlan(spec=spec, offered=offered)
+    # What the command line set for the loaders must reach the data module, or be refused: never silently ignored.
+    explicit = {
+        name: item
+        for name in ("drop_last", "num_workers", "pin_memory", "eval_size")
+        if (item := _overridden(job, f"batch.{name}")) is not None
+    }
+    return DataPlan(spec=spec, offered=offered, explicit=explicit)
 
 
 def _trainer(c: DictConfig, hw: HardwarePlan, fw: FrameworkPlan, task: TaskPlan, run_dir: str) -> dict[str, Any]:

@@ -158,10 +158,16 @@ def plan_line(plan: RunPlan, model: nn.Module) -> str:
     # Where it came from: the plan (optim.lr, scaled with the batch) or, for a module of your own, its default.
     own = " (the module's own)" if lr is not None and "lr" not in plan.model.offered else ""
     rate = f", lr {lr:g}{own}" if isinstance(lr, int | float) else ""
+    import pytorch_lightning as pl
+    from pytorch_lightning.utilities.model_helpers import is_overridden
+
+    # Layers a module builds in `configure_model` do not exist yet: its size is told once it has them.
+    later = params == 0 and isinstance(model, pl.LightningModule) and is_overridden("configure_model", model)
+    size = "layers built in configure_model" if later else f"{params / 1e6:.2f}M params"
     return (
         f"plan: {processes} ({hw.cpus_per_task} cpus each){strategy}, {fw.precision}; "
         f"global batch {task.global_size} ({split}){rate}; "
-        f"model {model_name(model)} {params / 1e6:.2f}M params"
+        f"model {model_name(model)} {size}"
     )
 
 
