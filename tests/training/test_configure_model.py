@@ -52,3 +52,24 @@ def test_a_new_run_starts_from_its_weights(tmp_path):
         ["trainer.max_steps=2", f"init_from={first / 'checkpoints' / 'last.ckpt'}"], tmp_path / "b", tmp_path
     )
     assert second["global_step"] == 2
+
+
+def test_the_plan_line_says_its_layers_come_later_instead_of_no_parameters():
+    import pytorch_lightning as pl
+    from conftest import plan_of
+
+    from hydralight.training.console import plan_line
+
+    class Late(pl.LightningModule):
+        def configure_model(self) -> None:
+            if not hasattr(self, "net"):
+                self.net = torch.nn.Linear(4, 2)
+
+    class Built(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(4, 2)
+
+    plan = plan_of("hardware=cpu")
+    assert plan_line(plan, Late()).endswith("model Late layers built in configure_model")
+    assert plan_line(plan, Built()).endswith("model Built(Linear) 0.00M params")

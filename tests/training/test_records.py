@@ -73,3 +73,20 @@ def test_an_attempt_that_trains_no_step_reports_the_throughput_of_the_attempt_th
     assert continued.samples_per_second(trainer, fit_seconds=0.001) == state["samples_per_second"]
     assert into["train_samples_per_second"] == state["train_samples_per_second"]
     assert continued.state_dict() == state  # and the next checkpoint carries them on
+
+
+@pytest.mark.parametrize(("hparams", "recorded"), [({"lr": 0.01}, 0.01), ({}, 0.1)])
+def test_a_rank_records_the_learning_rate_it_trains_with(hparams, recorded, tmp_path):
+    """The module's `lr` argument, or (a module that takes none: Lightning's BoringModel sets SGD's) its optimizer's."""
+    import json
+
+    import torch
+
+    from hydralight.training.records import RankRecord
+
+    net = torch.nn.Linear(2, 2)
+    trainer = SimpleNamespace(global_rank=0, local_rank=0, node_rank=0, world_size=1, strategy=None,
+                              optimizers=[torch.optim.SGD(net.parameters(), lr=0.1)])  # fmt: skip
+    module = SimpleNamespace(hparams=hparams, device="cpu", modules=net.modules)
+    RankRecord(str(tmp_path)).on_fit_start(trainer, module)
+    assert json.loads((tmp_path / "ranks" / "rank0.json").read_text())["lr"] == recorded

@@ -517,7 +517,7 @@ def _added_to_a_schema(cfg: DictConfig) -> str | None:
             return None
         kind = OmegaConf.get_type(node)
         typed = dataclasses.is_dataclass(kind) and not ("_target_" in node and _replaced_target(node))
-        names = {f.name for f in dataclasses.fields(kind)} if typed else None
+        names = {f.name for f in dataclasses.fields(kind)} if kind is not None and typed else None
         for key, value in node.items_ex(resolve=False):  # interpolations unresolved (`${now:...}`, `???`)
             where = path + str(key)
             if where == "hydra":

@@ -42,11 +42,17 @@ class RankRecord(pl.Callback):
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "device": str(pl_module.device),
-            "lr": pl_module.hparams.get("lr"),
+            "lr": pl_module.hparams.get("lr", _first_lr(trainer)),
             "sync_batchnorm_layers": sum(isinstance(m, SyncBatchNorm) for m in pl_module.modules()),
             "launcher": type(environment).__name__ if environment is not None else None,
         }
         path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _first_lr(trainer: pl.Trainer) -> float | None:
+    """The learning rate of the first optimizer as it starts (a module that takes no `lr` sets its own)."""
+    groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
+    return groups[0].get("lr") if groups else None
 
 
 class Throughput(pl.Callback):
