@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from hydralight import lightning_namespaces
 from hydralight.config.compose import Invocation, compose_jobs, reach_module_arguments
@@ -214,7 +214,9 @@ def main(cfg: DictConfig) -> float | None:
                 if cfg.plan:  # printed, and the run dir Hydra made removed, once: by rank 0 of a torchrun launch
                     if is_rank_zero():
                         print(plan.table(), end="")
-                        discard_unused_run_dir(run_dir, keep_folder=claim is not None and not claim.made_folder)
+                        kept = claim is not None and not claim.made_folder
+                        if discard_unused_run_dir(run_dir, keep_folder=kept) and not kept and job.sweep_dir is None:
+                            remove_empty_folders(_made_for_hydra)  # `outputs/`, made for it
                     return None
                 # `resume=RUN_DIR hydra.run.dir=OTHER` continues in RUN_DIR: the dir written is the one locked.
                 continued = Path(plan.paths.run_dir).resolve()
@@ -303,6 +305,16 @@ def _start(invocation: Invocation) -> None:
     configs = compose_jobs(CONFIG_DIR, "train", invocation, modes, composed, JOB_NAME)
     if configs and not invocation.multirun:  # the run dir that resuming, or a torchrun or srun launch, names
         invocation = dataclasses.replace(invocation, launch_dir=launch_run_dir(configs[0].resume, configs[0].mode))
+        if (ignored := invocation.ignored_run_dir) is not None and composed:
+            # All of a continued run goes into its own dir: Hydra's log and record too, never split over two.
+            print(
+                f"note: resume={invocation.launch_dir} continues that run in its own dir; hydra.run.dir={ignored} "
+                "is not used",
+                file=sys.stderr,
+                flush=True,
+            )
+            with open_dict(composed[0].hydra.run):
+                composed[0].hydra.run.dir = invocation.launch_dir
     if invocation.print_only:
         from hydralight.config.resolve import resources
 

@@ -52,7 +52,8 @@ def test_flags_and_their_values_are_no_overrides():
     ],
 )
 def test_an_unquoted_dir_with_spaces_is_refused_in_one_line_before_anything_is_written(tmp_path, args, line):
-    result = run_cli(["hardware=cpu", *args], tmp_path / "unused", cwd=tmp_path)
+    flags = [a for a in args if a == "-m"]
+    result = run_cli([*flags, "hardware=cpu", *(a for a in args if a not in flags)], tmp_path / "unused", cwd=tmp_path)
     assert one_line(result) == line
     assert result.stderr.strip().splitlines() == [line]
     assert list(tmp_path.iterdir()) == []  # no outputs/ or multirun/, no run dir
@@ -227,10 +228,23 @@ def test_a_target_named_over_a_shipped_option_takes_its_own_arguments(group):
     assert cfg[group].width == 8
     swept = reach_module_arguments(CONFIG_DIR, "train", Invocation(("-m", *argv[:1], f"{group}.crash=true,false")))
     assert swept.argv[-1] == f"++{group}.crash=true,false"
-    # Not an argument of the module: left as typed, and refused when composed.
-    with pytest.raises(UserError, match=rf"{group}.depth is not a config key"):
+    # Not an argument of the module: one line naming what it takes.
+    with pytest.raises(UserError, match=rf"{group}.depth is not an argument of _Mine \(it takes crash, width\)"):
         compose_jobs(
             CONFIG_DIR,
             "train",
             reach_module_arguments(CONFIG_DIR, "train", Invocation((*argv[:1], f"{group}.depth=2"))),
         )
+
+
+@pytest.mark.slow
+def test_a_sweep_into_a_dated_dir_keeps_its_jobs_in_it(tmp_path):
+    """Without hydra.sweep.dir every job of a sweep lands in the one dated folder the sweep resolved (each job's
+    config is composed before the sweep writes its record, and takes the sweep's time)."""
+    import re
+
+    done = run_cli(["-m", "seed=1,2", "plan=true"], tmp_path / "unused", cwd=tmp_path, COLUMNS="400")
+    assert done.returncode == 0, done.stderr[-2000:]
+    (sweep,) = (tmp_path / "multirun").glob("*/*")
+    printed = re.findall(r"run dir\s*│\s*(\S+)", done.stdout)
+    assert printed == [str(sweep / "0"), str(sweep / "1")], printed

@@ -254,3 +254,19 @@ def test_nothing_to_train_on_two_processes_is_one_line_from_one_rank(tiny_data, 
     line = one_line(refused)
     assert "nothing to train" in line and (refused.stdout + refused.stderr).count("error:") == 1, refused.stderr
     assert "Traceback" not in refused.stderr and files(run)["results.json"] == before["results.json"]
+
+
+@pytest.mark.slow
+def test_a_continued_run_is_written_into_its_own_dir_alone(tiny_data, tmp_path):
+    """`resume=RUN_DIR hydra.run.dir=OTHER`: the run, Hydra's log with it, continues in RUN_DIR (said in a note);
+    OTHER is never made, and the first attempt's record of Hydra stays as it was."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    ok(run_cli([*BASE, "trainer.max_steps=3"], run, tiny_data))
+    record = {name: data for name, data in files(run).items() if name.startswith(".hydra/")}
+    logged = (run / "train.log").read_text()
+    again = run_cli([f"resume={run}", "trainer.max_steps=6"], other, tiny_data)
+    ok(again)
+    assert f"note: resume={run} continues that run in its own dir; hydra.run.dir={other} is not used" in again.stderr
+    assert not other.exists() and results(run)["global_step"] == 6
+    assert {name: data for name, data in files(run).items() if name.startswith(".hydra/")} == record
+    assert (run / "train.log").read_text().startswith(logged) and len((run / "train.log").read_text()) > len(logged)

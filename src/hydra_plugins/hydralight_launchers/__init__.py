@@ -55,6 +55,8 @@ class CheckedSweeper(BasicSweeper):  # type: ignore[misc]
         )
 
     def sweep(self, arguments: list[str]) -> Any:
+        # The sweep dir first (`multirun/${now:...}`): each job's config takes the time its sweep resolved.
+        str(self.config.hydra.sweep.dir)
         self._check([*self._parse_config(), *arguments])
         return super().sweep(arguments)
 

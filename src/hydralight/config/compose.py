@@ -64,9 +64,10 @@ class Invocation:
 
     @property
     def other_config(self) -> bool:
-        """Another config tree, or nothing composed: Hydra checks and prints it itself."""
+        """Another config tree, or nothing of the run's composed (Hydra's help, --info, shell completion): Hydra
+        checks and prints it itself."""
         a = self.args
-        return bool(a.config_path or a.config_name or a.config_dir or a.help or a.hydra_help or a.info)
+        return bool(a.config_path or a.config_name or a.config_dir or a.hydra_help or a.info or a.shell_completion)
 
     @property
     def override_args(self) -> list[str]:
@@ -140,14 +141,30 @@ class Invocation:
         rerun, a requeue, `resume=RUN_DIR`): checked and locked before Hydra writes its record there."""
         if self.multirun or self.print_only:
             return None
-        named = self.value("hydra.run.dir") or self.launch_dir
+        named = self._named_run_dir
         return None if named is None or "${" in named else named  # `${now:...}`: Hydra names it; locked there
 
     @property
+    def resumed(self) -> bool:
+        """`resume=RUN_DIR`: the run continues in RUN_DIR, whatever `hydra.run.dir` says (`ignored_run_dir`)."""
+        return self.launch_dir is not None and self.launch_dir == self.value("resume")
+
+    @property
+    def ignored_run_dir(self) -> str | None:
+        """A `hydra.run.dir` given beside `resume=RUN_DIR` that names another folder: not used."""
+        given = self.value("hydra.run.dir")
+        if not self.resumed or given is None or Path(given).absolute() == Path(str(self.launch_dir)).absolute():
+            return None
+        return given
+
+    @property
+    def _named_run_dir(self) -> str | None:
+        return self.launch_dir if self.resumed else self.value("hydra.run.dir") or self.launch_dir
+
+    @property
     def run_dir_key(self) -> str:
-        """The key that named the run dir, for messages: `resume=RUN_DIR` alone runs in RUN_DIR."""
-        given = self.value("hydra.run.dir") is None and self.launch_dir == self.value("resume")
-        return "resume" if given else "hydra.run.dir"
+        """The key that named the run dir, for messages: `resume=RUN_DIR` runs in RUN_DIR."""
+        return "resume" if self.resumed else "hydra.run.dir"
 
     def fixed_sweep_dir(self, multirun: bool = False) -> str | None:
         """The sweep dir a `-m` run (or one whose config sets multirun: `multirun`) will write, when the command
@@ -162,7 +179,7 @@ class Invocation:
         default none in a continued run's own dir (rundir.launch.record_subdir)."""
         given = self.value("hydra.output_subdir")
         if given is None:
-            return None if self.value("hydra.run.dir") is None and self.run_dir_key == "resume" else ".hydra"
+            return None if self.resumed else ".hydra"
         return None if given in ("null", "") else given
 
     def check_writable(self) -> None:
@@ -174,7 +191,7 @@ class Invocation:
     def _output_template(self) -> str:
         key = "hydra.sweep.dir" if self.multirun else "hydra.run.dir"
         # Without one: conf/hydra/default.yaml's, a dated folder inside `outputs/` (`multirun/`).
-        named = self.value(key) or (None if self.multirun else self.launch_dir)
+        named = self.value(key) if self.multirun else self._named_run_dir
         return named or f"{'multirun' if self.multirun else 'outputs'}/${{now:}}"
 
     def missing_output_folders(self) -> tuple[Path, ...]:
@@ -249,10 +266,18 @@ def reach_module_arguments(config_dir: str, config_name: str, invocation: Invoca
         if not missing or "_target_" not in node or not _replaced_target(node):
             continue
         try:
-            names, _ = accepted_arguments(import_target(str(node["_target_"]), f"{group}._target_"))
+            target = import_target(str(node["_target_"]), f"{group}._target_")
         except UserError:
             continue  # said where the module is built
-        taken |= {a for a in missing if a.split("=", 1)[0].split(".")[1] in names}
+        names, takes_any = accepted_arguments(target)
+        for arg in missing:
+            key = arg.split("=", 1)[0].split(".")[1]
+            if key not in names and not takes_any:
+                raise UserError(
+                    f"{group}.{key} is not an argument of {getattr(target, '__qualname__', target)} (it takes "
+                    f"{', '.join(sorted(names)) or 'none'}); fix its name"
+                )
+            taken.add(arg)
     return Invocation(tuple(f"++{a}" if a in taken else a for a in invocation.argv))
 
 

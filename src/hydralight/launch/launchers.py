@@ -381,7 +381,10 @@ class PlannedLauncherMixin:
                     if done:
                         try:
                             results[i] = job.results()[0]
-                            state = "COMPLETED"  # done() sees the result file before SLURM's accounting
+                            # done() sees the result file before SLURM's accounting; a job that ended refused or
+                            # crashed (its process went on to the end) says so in its manifest.
+                            failed = (read_json(RunDir(job_dir).manifest) or {}).get("status") == "failed"
+                            state = "FAILED" if failed else "COMPLETED"
                         except Exception as err:  # killed, cancelled, out of time, crashed: the others still count
                             reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
                             log.error(f"{name}: {self._EXECUTOR} job {job.job_id} ended {job.state}: {reason}")
