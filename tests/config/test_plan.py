@@ -279,7 +279,7 @@ def test_every_resource_field_reaches_a_consumer():
 
     c = OmegaConf.create(resolver.as_container(cfg))
     job = resolver.JobInfo(run_dir="/nonexistent/run")
-    resolver._trainer(c, hw, fw, task, job.run_dir), resolver._data(c, task), resolver._model(c, task, job)
+    resolver._trainer(c, hw, fw, task, job.run_dir), resolver._data(c, task, job), resolver._model(c, task, job)
     plan = plan_of("hardware=4gpu", "strategy=ddp", machine=H100_BOX)
     spied = plan.replace(hardware=hw, framework=fw, task=task)
     spied.strategy_kwargs(), spied.global_batchnorm

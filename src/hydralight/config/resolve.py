@@ -528,7 +528,7 @@ def _data(c: DictConfig, task: TaskPlan, job: JobInfo) -> DataPlan:
     # What the command line set for the loaders must reach the data module, or be refused: never silently ignored.
     explicit = {
         name: item
-        for name in ("drop_last", "num_workers", "pin_memory", "eval_size")
+        for name in ("drop_last", "num_workers", "pin_memory")
         if (item := _overridden(job, f"batch.{name}")) is not None
     }
     return DataPlan(spec=spec, offered=offered, explicit=explicit)
