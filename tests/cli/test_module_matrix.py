@@ -22,7 +22,9 @@ STEPS = {"template": 1, "lightning": 1, "gan": 2}
 
 def run(name, args, where, data):
     folder, own, _ = MODULES[name]
-    done = run_cli(["hardware=cpu", *own, *args], where, data, cwd=folder, PYTHONPATH=str(folder))
+    flags = [a for a in args if a == "-m"]  # before every override: Hydra reads them as one group
+    done = run_cli([*flags, "hardware=cpu", *own, *(a for a in args if a not in flags)], where, data, cwd=folder,
+                   PYTHONPATH=str(folder))  # fmt: skip
     assert done.returncode == 0, (name, args, done.stdout[-2000:], done.stderr[-3000:])
     assert "Traceback" not in done.stderr
     return done
