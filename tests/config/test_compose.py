@@ -247,4 +247,6 @@ def test_a_sweep_into_a_dated_dir_keeps_its_jobs_in_it(tiny_data, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     (sweep,) = (tmp_path / "multirun").glob("*/*")
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
-    assert (sweep / "multirun.yaml").is_file() and f"sweep {sweep}: 2 of 2 jobs done" in done.stdout
+    assert (
+        sweep / "multirun.yaml"
+    ).is_file() and f"sweep {sweep.relative_to(tmp_path)}: 2 of 2 jobs done" in done.stdout
