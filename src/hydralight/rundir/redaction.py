@@ -145,11 +145,14 @@ def redact_hydra_records(run_dir: Path) -> None:
     redact_files(run_dir / ".hydra")
     if not HydraConfig.initialized():
         return
-    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
 
     hc = HydraConfig.get()
-    # Resolved against the job's run dir (conf/hydra/default.yaml): none before a job has one.
-    if subdir := OmegaConf.select(hc, "output_subdir", throw_on_resolution_failure=False):
+    try:
+        subdir = hc.output_subdir
+    except InterpolationResolutionError:  # resolved against the job's run dir (conf/hydra): none before a job
+        subdir = None
+    if subdir:
         redact_files(Path(str(hc.runtime.output_dir)) / str(subdir))
     if hc.mode == RunMode.MULTIRUN:
         redact_sweep_record(str(hc.sweep.dir))
