@@ -213,6 +213,10 @@ def main(cfg: DictConfig) -> float | None:
                 plan = resolve(cfg, machine, job)
                 if cfg.plan:  # printed, and the run dir Hydra made removed, once: by rank 0 of a torchrun launch
                     if is_rank_zero():
+                        from hydralight.data.contract import datamodule_kwargs
+
+                        # What the data module's constructor takes, checked as the run will (no data is read).
+                        datamodule_kwargs(plan.data.spec, plan.data.offered, plan.data.explicit)
                         print(plan.table(), end="")
                         kept = claim is not None and not claim.made_folder
                         if discard_unused_run_dir(run_dir, keep_folder=kept) and not kept and job.sweep_dir is None:

@@ -90,3 +90,15 @@ def test_a_job_that_crashes_ends_alone_and_the_sweep_counts_it(tmp_path):
     failed = json.loads((sweep / "0" / "manifest.json").read_text())
     assert failed["status"] == "failed" and failed["error"] == "ZeroDivisionError: the module's own bug"
     assert json.loads((sweep / "1" / "manifest.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_plan_true_refuses_what_the_run_would(tmp_path):
+    """A loader setting the data module cannot take (batch.drop_last=true): refused by plan=true as by the run."""
+    (tmp_path / "crashes.py").write_text(CRASHES)
+    args = ["hardware=cpu", "model._target_=crashes.Crashes", "data._target_=crashes.Data", "batch.global_size=4",
+            "batch.drop_last=true"]  # fmt: skip
+    for extra in (["plan=true"], ["trainer.max_steps=1"]):
+        line = one_line(run_cli([*args, *extra], tmp_path / "run", cwd=tmp_path, PYTHONPATH=str(tmp_path)))
+        assert line.startswith("error: batch.drop_last=true is given, but Data takes no drop_last argument"), line
+        assert not (tmp_path / "run").exists()
