@@ -63,7 +63,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     from hydralight.training.console import apply_extras, quiet_framework, say, show_start, testing
     from hydralight.training.invariance import make_invariant
     from hydralight.training.loggers import build_loggers, wandb_scope
-    from hydralight.training.modules import tests
+    from hydralight.training.modules import build_module, tests
     from hydralight.training.predictions import (
         PredictionWriter,
         predict,
@@ -91,13 +91,15 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     data = with_planned_batch(data, plan.data.spec, plan.data.offered, plan.hardware.world_size)
     sizes = stated_sizes(data)
     resume = Resume(plan)
-    module, plan = resume.build(sizes)
+    plan, built_for = resume.model(sizes)  # mode=eval/predict: the module the checkpoint holds
+    module = build_module(plan.model, built_for)
+    resume.load(module, sizes)  # checked against what it continues from; init_from's or the tested weights in
     predicting = plan.resume.mode == "predict"
     if predicting:  # a module without predict_step, a source its data cannot read: refused before any file
         prepare_prediction(module, data, (plan.config.get("predict") or {}).get("source"))
     make_invariant(module, plan.model.invariant_dropout, plan.global_batchnorm)
     if plan.framework.precision == "64-true":
-        module.double()  # before a checkpoint's float64 weights are loaded into it, not after
+        module.double()  # before the checkpoint fit or test continues from is loaded into it, not after
     run_dir = RunDir.at(plan.paths.run_dir)
     machine_record = this_machine.describe(machine)
     record = RunRecord(run_dir, plan.config, plan.to_dict(), machine_record, plan.paths.overrides, is_rank_zero())
@@ -111,7 +113,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
         writer = [PredictionWriter(run_dir.path)] if predicting else []
         fit_end = FitEnd(plan.paths.run_dir, is_rank_zero())
         callbacks = build_callbacks(
-            plan, module, record.extra, throughput, resume.callback(sizes, record.extra), fit_end, *writer
+            plan, module, record.extra, throughput, resume.save(sizes, record.extra), fit_end, *writer
         )
         loggers = [] if predicting else build_loggers(plan, record.manifest)  # a prediction logs no metrics
         trainer = build_trainer(plan, build_strategy(plan, run_dir.plan), callbacks, loggers, shards_by_rank(data))

@@ -87,16 +87,22 @@ def record_of(contents: dict[str, Any]) -> dict[str, Any]:
 
 
 class Resume:
-    """The run's resume decision, checked and carried out: `prepare` before anything is written, `callback`
-    for what checkpoints save and a continued run applies, `ckpt_path` for `fit`."""
+    """The run's resume decision, carried out in three steps around the module the run builds (hydralight.training
+    builds it): `model`, what to build; `load`, the checkpoint checked against it and its weights loaded; `save`,
+    what checkpoints hold and how a continued run applies its changes. `ckpt_path` is what `fit` continues from."""
 
     def __init__(self, plan: RunPlan) -> None:
         self.plan = plan
         self.decision = plan.resume
+        self._held: dict[str, Any] | None = None  # mode=eval/predict: the checkpoint whose module is built
 
     @property
     def ckpt_path(self) -> str | None:
         return self.decision.continue_from
+
+    @property
+    def _tests_a_checkpoint(self) -> bool:
+        return self.decision.mode in ("eval", "predict")
 
     def record(self, sizes: dict[str, Any]) -> dict[str, Any]:
         """What this run's checkpoints say they hold: the module and its config, the data sizes and global
@@ -112,15 +118,51 @@ class Resume:
             },  # fmt: skip
         }
 
-    def callback(self, sizes: dict[str, Any], into: dict[str, Any]) -> ResumeState:
-        return ResumeState(self.record(sizes), into, finished_before=self.decision.finished_before)
+    # -- 1. what the run builds -----------------------------------------------------------------------
 
-    # -- before anything is written -------------------------------------------------------------------
+    def model(self, sizes: dict[str, Any]) -> tuple[RunPlan, dict[str, Any]]:
+        """The plan whose model slice the run builds, and the data sizes it is built for: this run's own; for
+        `mode=eval` and `mode=predict`, the module the checkpoint holds, as it was trained (checked before any of
+        its classes is imported; the records then name the module a checkpoint holds, not the option's default)."""
+        if not self._tests_a_checkpoint:
+            return self.plan, sizes
+        path = Path(str(self.decision.ckpt_path))
+        contents = read_checkpoint(path, f"ckpt_path={path}")
+        # A model the command line asks for, other than the one the checkpoint records, would be ignored (how it
+        # runs, compiled or channels-last, leaves the weights and the results as they are).
+        then, now = record_of(contents).get("model") or {}, self.plan.model.spec
+        how = ModuleDeclaration.of(then or now).how_it_runs
+        differing = _asked_otherwise(then, now, self.plan.paths.overrides, how) if then else []
+        if differing:
+            key, asks = differing[0]
+            uses = "tests" if self.decision.mode == "eval" else "predicts with"
+            raise UserError(
+                f"mode={self.decision.mode} {uses} the module {path} holds, built as it was trained, but the command "
+                f"line asks for another ({key} differs: {asks}), which would be ignored; drop it (to train that model "
+                f"from the checkpoint's weights: init_from={path})"
+            )
+        model = model_of(contents, self.plan.model)
+        check_built_from(contents, model, configured_targets(self.plan.config), f"ckpt_path={path}")
+        # How it runs is this run's choice: a compiled run's checkpoint tests uncompiled unless asked otherwise.
+        runs = {k: now[k] for k in how if k in now and k in model.spec}
+        model = dataclasses.replace(model, spec={**model.spec, **runs})
+        check_sizes(record_of(contents), sizes, f"ckpt_path={path}")  # before a module of another size is built
+        self._held = contents
+        config = {**self.plan.config, "model": {**self.plan.config.get("model", {}), **model.spec}}
+        self.plan = self.plan.replace(model=model, config=config)
+        return self.plan, {**sizes, **(record_of(contents).get("sizes") or {})}
 
-    def prepare(self, module: pl.LightningModule, sizes: dict[str, Any]) -> None:
-        """Check the checkpoint `fit` continues from against this run's module; load `init_from`'s weights."""
+    # -- 2. before anything is written ----------------------------------------------------------------
+
+    def load(self, module: pl.LightningModule, sizes: dict[str, Any]) -> None:
+        """Check the checkpoint this run starts from against the module built: its weights loaded for `init_from`,
+        `mode=eval` and `mode=predict`; only checked for the checkpoint `fit` continues from (Lightning loads it)."""
         decision = self.decision
-        if decision.continue_from is not None:
+        if self._held is not None:
+            label = f"ckpt_path={decision.ckpt_path}"
+            load_into(module, self._held, self.plan.model, label)
+            self._check_compatible(self._held, module, sizes, label, continuing=False)
+        elif decision.continue_from is not None:
             path = Path(decision.continue_from)
             contents = self._own(path) if decision.own else read_checkpoint(path, f"ckpt_path={path}")
             if decision.own:
@@ -160,10 +202,9 @@ class Resume:
         sizes: dict[str, Any],
         source: Any,
         continuing: bool,
-        target: dict[str, Any] | None = None,
     ) -> None:
         then = record_of(contents)
-        target = (target or self.plan.model.spec).get("_target_")
+        target = self.plan.model.spec.get("_target_")
         then_hparams = saved_hparams(contents)
         now_hparams = plain_hparams(dict(module.hparams), self.plan.model.spec)
         way_out = "pick the matching model=..., or start fresh with resume=never / another run dir"
@@ -195,19 +236,11 @@ class Resume:
                     f"{describe(now_hparams[key])}); keep it to continue that run, {fresh}"
                 )
 
-    # -- mode=eval and mode=predict ---------------------------------------------------------------------
+    # -- 3. what checkpoints hold; the checkpoint tested ------------------------------------------------
 
-    def build(self, sizes: dict[str, Any]) -> tuple[pl.LightningModule, RunPlan]:
-        """The module this run trains, checked against the checkpoint it continues (`init_from`'s weights
-        loaded); for `mode=eval` and `mode=predict`, the module the checkpoint holds. With the plan whose model
-        slice built it: the records name the module a checkpoint holds, not the model option's default."""
-        if self.decision.mode in ("eval", "predict"):
-            module, model = self.module_to_test(sizes)
-            config = {**self.plan.config, "model": {**self.plan.config.get("model", {}), **model.spec}}
-            return module, self.plan.replace(model=model, config=config)
-        module = build_module(self.plan.model, sizes)
-        self.prepare(module, sizes)
-        return module, self.plan
+    def save(self, sizes: dict[str, Any], into: dict[str, Any]) -> ResumeState:
+        """The callback that writes this run's record into every checkpoint and applies a continued run's changes."""
+        return ResumeState(self.record(sizes), into, finished_before=self.decision.finished_before)
 
     def to_test(self, trainer: pl.Trainer) -> str | None:
         """The checkpoint the test stage loads: `ckpt_path` for `mode=eval`; else the best by the objective,
@@ -219,34 +252,6 @@ class Resume:
             best = None  # ddp_spawn hands a rank's missing best path back to the main process as "None"
         last = RunDir.at(self.plan.paths.run_dir).last
         return best if best is not None or not last.is_file() else str(last)
-
-    def module_to_test(self, sizes: dict[str, Any]) -> tuple[pl.LightningModule, ModelPlan]:
-        """The module a checkpoint holds, rebuilt from its own record, with its weights; and the model slice it was
-        built from (the run's records name it)."""
-        path = Path(str(self.decision.ckpt_path))
-        contents = read_checkpoint(path, f"ckpt_path={path}")
-        # A model the command line asks for, other than the one the checkpoint records, would be ignored (how it
-        # runs, compiled or channels-last, leaves the weights and the results as they are).
-        then, now = record_of(contents).get("model") or {}, self.plan.model.spec
-        how = ModuleDeclaration.of(then or now).how_it_runs
-        differing = _asked_otherwise(then, now, self.plan.paths.overrides, how) if then else []
-        if differing:
-            key, asks = differing[0]
-            uses = "tests" if self.decision.mode == "eval" else "predicts with"
-            raise UserError(
-                f"mode={self.decision.mode} {uses} the module {path} holds, built as it was trained, but the command "
-                f"line asks for another ({key} differs: {asks}), which would be ignored; drop it (to train that model "
-                f"from the checkpoint's weights: init_from={path})"
-            )
-        model = model_of(contents, self.plan.model)
-        check_built_from(contents, model, configured_targets(self.plan.config), f"ckpt_path={path}")
-        # How it runs is this run's choice: a compiled run's checkpoint tests uncompiled unless asked otherwise.
-        runs = {k: now[k] for k in how if k in now and k in model.spec}
-        model = dataclasses.replace(model, spec={**model.spec, **runs})
-        check_sizes(record_of(contents), sizes, f"ckpt_path={path}")  # before a module of another size is built
-        module = rebuild(contents, model, sizes, f"ckpt_path={path}")
-        self._check_compatible(contents, module, sizes, f"ckpt_path={path}", continuing=False, target=model.spec)
-        return module, model
 
 
 def _select(spec: Any, dotted: str) -> Any:
@@ -318,16 +323,14 @@ def check_built_from(contents: dict[str, Any], model: ModelPlan, trusted: set[st
     check_trusted({"model": model.spec, "optim": model.offered, "sizes": sizes}, trusted, source)
 
 
-def rebuild(contents: dict[str, Any], model: ModelPlan, sizes: dict[str, Any], label: str) -> pl.LightningModule:
-    """The module of `model` for the data sizes it was trained on, with the checkpoint's weights."""
+def load_into(module: pl.LightningModule, contents: dict[str, Any], model: ModelPlan, label: str) -> None:
+    """The checkpoint's weights into the module built from its record, with the project's options it was trained
+    with applied first."""
     from hydralight.training.invariance import make_invariant
 
-    saved = (record_of(contents).get("sizes")) or {}
-    module = build_module(model, {**sizes, **saved})
     options = record_of(contents).get("options") or {}
     make_invariant(module, model.invariant_dropout, bool(options.get("global_batchnorm", False)))
     load_weights(module, contents, label)
-    return module
 
 
 def load_weights(module: pl.LightningModule, contents: dict[str, Any], label: str) -> None:
@@ -355,4 +358,6 @@ def load_module(path: str | Path, trusted: Iterable[str] = ()) -> pl.LightningMo
         raise UserError(f"{path} does not say which module it holds; build the module yourself and load its state_dict")
     model = model_of(contents, ModelPlan(spec={}, offered={}))
     check_built_from(contents, model, configured_targets() | set(trusted), f"checkpoint={path}")
-    return rebuild(contents, model, dict(then.get("sizes") or {}), f"checkpoint={path}")
+    module = build_module(model, dict(then.get("sizes") or {}))
+    load_into(module, contents, model, f"checkpoint={path}")
+    return module
