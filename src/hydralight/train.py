@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig, open_dict
 
 from hydralight import lightning_namespaces
-from hydralight.config.compose import Invocation, compose_jobs, reach_module_arguments
+from hydralight.config.compose import Invocation, compose_jobs
 from hydralight.config.folders import SHIPPED_CONF
 from hydralight.config.hydra_internals import mode_known, run_composed
 from hydralight.config.plan import Machine, RunPlan
@@ -306,7 +306,6 @@ def _start(invocation: Invocation) -> None:
     # line, before any run dir.
     modes: set = set()
     given = invocation.override_args  # what Hydra reads: the config composed here is handed to it
-    invocation = reach_module_arguments(CONFIG_DIR, "train", invocation)
     composed: list = []  # the config, composed once: Hydra runs it as it is
     configs = compose_jobs(CONFIG_DIR, "train", invocation, modes, composed, JOB_NAME)
     if configs and not invocation.multirun:  # the run dir that resuming, or a torchrun or srun launch, names

@@ -100,7 +100,12 @@ finally:
 
 @pytest.mark.parametrize(
     ("args", "composed", "plans"),
-    [([], 1, 1), (["-m", "seed=1,2"], 3, 2), (["hydra.mode=MULTIRUN", "seed=1,2"], 3, 2)],
+    [
+        ([], 1, 1),
+        (["model.label_smoothing=0.1", "data.val_size=4000"], 1, 1),
+        (["-m", "seed=1,2"], 3, 2),
+        (["hydra.mode=MULTIRUN", "seed=1,2"], 3, 2),
+    ],
 )
 def test_a_run_and_each_job_of_a_sweep_are_composed_once(args, composed, plans, tmp_path):
     """Every composition counted (Hydra's, the check's, the sweep's of its jobs): a run is composed once; a

@@ -321,16 +321,30 @@ def compose_jobs(
         print(f"note: {line}", file=sys.stderr, flush=True)
     searched = [a for a in invocation.overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
     _refuse_optuna_plugin_keys(a.lstrip("+").split("=", 1)[0] for a in invocation.override_args)
-    # Composed with Hydra's keys too, as Hydra will compose it.
-    overrides = invocation.override_args if for_hydra is not None else invocation.overrides
     mode = RunMode.MULTIRUN if invocation.multirun else RunMode.RUN
     named = {"job_name": job_name} if job_name else {}  # else the compose API's own default
-    with initialize_config_dir(config_dir=config_dir, version_base="1.3", **named):
-        try:
-            loader = GlobalHydra.instance().config_loader()
-            cfg = loader.load_configuration(config_name=config_name, overrides=overrides, run_mode=mode)
-        except Exception as err:
-            raise UserError(explain(err, overrides)) from None
+
+    def load(invocation: Invocation) -> tuple[Any, Exception | None, list[str]]:
+        # Composed with Hydra's keys too, as Hydra will compose it.
+        overrides = list(invocation.override_args if for_hydra is not None else invocation.overrides)
+        with initialize_config_dir(config_dir=config_dir, version_base="1.3", **named):
+            try:
+                loader = GlobalHydra.instance().config_loader()
+                return loader.load_configuration(config_name=config_name, overrides=overrides, run_mode=mode), None, []
+            except Exception as err:
+                return None, err, overrides
+
+    if invocation.multirun:  # the sweeper composes each job with the overrides this config records
+        invocation = reach_module_arguments(config_dir, config_name, invocation)
+    cfg, err, overrides = load(invocation)
+    if err is not None and not invocation.multirun:
+        # `model.X=` an argument of a user's module its config does not list: composed again as `++model.X=`
+        # (only then: every other run's command line is composed once).
+        reached = reach_module_arguments(config_dir, config_name, invocation)
+        if reached.argv != invocation.argv:
+            cfg, err, overrides = load(reached)
+    if err is not None:
+        raise UserError(explain(err, overrides)) from None
     if hydra_modes is not None:
         hydra_modes.add(cfg.hydra.get("mode"))
     if for_hydra is not None:
