@@ -9,11 +9,20 @@ import pytorch_lightning as pl
 class SignalAt(pl.Callback):
     """`rank`: only that rank's process gets the signal (None: every process that runs this callback)."""
 
-    def __init__(self, step: int, signum: str = "SIGTERM", rank: int | None = None) -> None:
+    def __init__(self, step: int, signum: str = "SIGTERM", rank: int | None = None, during: str = "train") -> None:
         self.step, self.signum, self.rank = step, signal.Signals[signum], rank
+        self.during = during  # "train": after the step; "validation": in the validation that follows it
         self.sent = False
 
-    def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
+    def _send(self, trainer: pl.Trainer) -> None:
         if trainer.global_step == self.step and not self.sent and self.rank in (None, trainer.global_rank):
             self.sent = True
             os.kill(os.getpid(), self.signum)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
+        if self.during == "train":
+            self._send(trainer)
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, *args) -> None:
+        if self.during == "validation" and not trainer.sanity_checking:
+            self._send(trainer)

@@ -63,6 +63,27 @@ def test_a_run_started_from_another_run_s_checkpoint_continues_from_its_own(tiny
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_signal_during_the_final_validation_stops_the_run_before_its_test(tiny_data, tmp_path, devices):
+    """Ctrl-C after the last step boundary (to rank 0 alone) is not lost: training's end is agreed on, the run
+    stops with its checkpoint and no test; the same command then tests it, as an uninterrupted run does."""
+    args = [*BASE, "trainer.max_epochs=1", f"hardware.devices={devices}"]
+    plain, cut = tmp_path / "plain", tmp_path / "cut"
+    ok(run_cli(args, plain, tiny_data))
+    stop = [
+        "+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=15",
+        "+callbacks.zz_signal.signum=SIGINT", "+callbacks.zz_signal.rank=0", "+callbacks.zz_signal.during=validation",
+    ]  # fmt: skip
+    first = run_cli([*args, *stop], cut, tiny_data, PYTHONPATH=str(HELPERS))
+    assert first.returncode == 128 + signal.SIGTERM, (first.stdout[-2000:], first.stderr[-2000:])
+    assert "test/acc" not in first.stdout + first.stderr and not (cut / "results.json").exists()
+    assert last(cut)["global_step"] == 15
+    again = run_cli(args, cut, tiny_data)
+    ok(again)
+    assert results(cut)["global_step"] == results(plain)["global_step"] == 15
+    assert results(cut)["test"] == results(plain)["test"]
+
+
 @pytest.mark.slow
 def test_a_changed_learning_rate_is_applied_to_the_restored_optimizer(tiny_data, tmp_path):
     run = tmp_path / "run"

@@ -52,6 +52,12 @@ class StepAgreement:
             self._agreed = self._decide(trainer, pl_module, step)
         return self._agreed
 
+    def at_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, int]:
+        """Each flag agreed once more where every rank ends training: what was asked for after the last
+        reduction (a signal during the final validation) is not lost."""
+        self._step, self._next = -1, 0
+        return self.agreed(trainer, pl_module)
+
     def _decide(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> dict[str, int]:
         if trainer.world_size == 1:
             return {name: flag.read() for name, flag in self.flags.items()}

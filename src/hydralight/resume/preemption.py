@@ -82,6 +82,15 @@ class Preemption(Callback):
         # This step's metrics are logged right after this hook, which the exit below skips: log them now,
         # or the resumed run (which starts at the next step) would leave a hole in the history.
         log_step_metrics_now(trainer)
+        self._stop(trainer, requested)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A signal after the last step boundary (during the final validation) stops the run too, before its test:
+        # the checkpoint holds finished training, so the same command continues with the test.
+        if (requested := agreement(trainer).at_end(trainer, pl_module)["signal"]) != NONE:
+            self._stop(trainer, requested)
+
+    def _stop(self, trainer: pl.Trainer, requested: int) -> None:
         write_checkpoint(trainer, self.checkpoint_path)
         requeued = requested == REQUEUE and trainer.is_global_zero and self._requeue()
         if trainer.is_global_zero:  # one line for the run, not one per rank
