@@ -106,6 +106,9 @@ def test_a_module_named_on_the_command_line_leaves_out_the_options_classifier_ar
     run = tmp_path / "run"
     ok(user_run(named, run))
     assert results(run)["objective"]["value"] is not None
+    # The run's record holds what was built: no classifier arguments under the regressor.
+    recorded = yaml.safe_load((run / "config.yaml").read_text())["model"]
+    assert recorded["_target_"] == "my_tasks.regression.Regressor" and not {"net", "_recursive_"} & set(recorded)
     line = one_line(user_run([*named, "model.label_smoothing=0.1"], tmp_path / "other"))
     assert "model.label_smoothing is not an argument of Regressor" in line and not (tmp_path / "other").exists()
 

@@ -226,15 +226,13 @@ def test_a_target_named_over_a_shipped_option_takes_its_own_arguments(group):
     assert reached.argv == (argv[0], f"++{group}.width=8")
     (cfg,) = compose_jobs(CONFIG_DIR, "train", reached)
     assert cfg[group].width == 8
+    (cfg,) = compose_jobs(CONFIG_DIR, "train", Invocation(argv))  # as the command line gives it
+    assert cfg[group].width == 8
     swept = reach_module_arguments(CONFIG_DIR, "train", Invocation(("-m", *argv[:1], f"{group}.crash=true,false")))
     assert swept.argv[-1] == f"++{group}.crash=true,false"
     # Not an argument of the module: one line naming what it takes.
     with pytest.raises(UserError, match=rf"{group}.depth is not an argument of _Mine \(it takes crash, width\)"):
-        compose_jobs(
-            CONFIG_DIR,
-            "train",
-            reach_module_arguments(CONFIG_DIR, "train", Invocation((*argv[:1], f"{group}.depth=2"))),
-        )
+        compose_jobs(CONFIG_DIR, "train", Invocation((*argv[:1], f"{group}.depth=2")))
 
 
 @pytest.mark.slow

@@ -84,13 +84,18 @@ def resolve(cfg: DictConfig | dict[str, Any], machine: Machine, job: JobInfo) ->
     _check_starting_points(c)
     hw, fw, task = resources(c, machine)
     paths = PathsPlan(run_dir=run_dir, sweep_dir=job.sweep_dir, job_name=job.job_name, overrides=list(job.overrides))
+    model, data = _model(c, task, job), _data(c, task, job)
+    # The records hold what is built: the arguments of a replaced option (`model._target_=my.Module`) that the new
+    # module does not take are not in them.
+    for group, spec in (("model", model.spec), ("data", data.spec)):
+        config[group] = {k: v for k, v in config[group].items() if k in spec or k in MODULE_OPTIONS}
     return RunPlan(
         seed=int(c.seed),
         hardware=hw,
         framework=fw,
         task=task,
-        model=_model(c, task, job),
-        data=_data(c, task, job),
+        model=model,
+        data=data,
         trainer=_trainer(c, hw, fw, task, run_dir),
         callbacks=_specs(c.get("callbacks")),
         loggers=_specs(c.get("logger")),
