@@ -93,13 +93,13 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     resume = Resume(plan)
     plan, built_for = resume.model(sizes)  # mode=eval/predict: the module the checkpoint holds
     module = build_module(plan.model, built_for)
+    make_invariant(module, plan.model.invariant_dropout, resume.global_batchnorm)
+    if plan.framework.precision == "64-true":
+        module.double()  # before any checkpoint's float64 weights are loaded into it, not after
     resume.load(module, sizes)  # checked against what it continues from; init_from's or the tested weights in
     predicting = plan.resume.mode == "predict"
     if predicting:  # a module without predict_step, a source its data cannot read: refused before any file
         prepare_prediction(module, data, (plan.config.get("predict") or {}).get("source"))
-    make_invariant(module, plan.model.invariant_dropout, plan.global_batchnorm)
-    if plan.framework.precision == "64-true":
-        module.double()  # before the checkpoint fit or test continues from is loaded into it, not after
     run_dir = RunDir.at(plan.paths.run_dir)
     machine_record = this_machine.describe(machine)
     record = RunRecord(run_dir, plan.config, plan.to_dict(), machine_record, plan.paths.overrides, is_rank_zero())

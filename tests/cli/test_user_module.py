@@ -113,6 +113,18 @@ def test_a_module_named_on_the_command_line_leaves_out_the_options_classifier_ar
     assert "model.label_smoothing is not an argument of Regressor" in line and not (tmp_path / "other").exists()
 
 
+@pytest.mark.parametrize(("precision", "dtype"), [("64-true", "float64"), ("bf16-true", "bfloat16")])
+def test_a_module_that_takes_images_as_they_come_gets_them_in_its_precision(tiny_data, tmp_path, precision, dtype):
+    """The built-in image data normalizes its uint8 images after Lightning converted the batch for the precision:
+    a module that does not cast its input (as Lightning's examples do not) gets them in its own dtype."""
+    run = tmp_path / "run"
+    args = [*TINY, "model._target_=my_tasks.flat_images.FlatImages", f"trainer.precision={precision}",
+            "objective.metric=val_acc", "trainer.max_steps=4"]  # fmt: skip
+    ok(user_run(args, run, tiny_data))
+    weights = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert str(weights["layer.weight"].dtype) == f"torch.{dtype}" and results(run)["objective"]["value"] is not None
+
+
 @pytest.mark.parametrize("data", ["my_tasks.regression.TrainAndValOnly", "my_tasks.regression.PointsWithoutTest"])
 def test_data_without_a_test_set_trains_and_says_there_are_no_test_metrics(tmp_path, data):
     run = tmp_path / "run"

@@ -63,25 +63,51 @@ def test_a_run_started_from_another_run_s_checkpoint_continues_from_its_own(tiny
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_a_signal_during_the_final_validation_stops_the_run_before_its_test(tiny_data, tmp_path, devices):
-    """Ctrl-C after the last step boundary (to rank 0 alone) is not lost: training's end is agreed on, the run
-    stops with its checkpoint and no test; the same command then tests it, as an uninterrupted run does."""
-    args = [*BASE, "trainer.max_epochs=1", f"hardware.devices={devices}"]
+@pytest.mark.parametrize(
+    ("budget", "steps", "devices"),
+    [
+        ("trainer.max_epochs=1", 15, 1),  # Lightning's validation at the epoch's end
+        ("trainer.max_steps=10", 10, 1),  # the project's validation of the final weights, mid-epoch
+        pytest.param("trainer.max_epochs=1", 15, 2, marks=pytest.mark.slow),
+        pytest.param("trainer.max_steps=10", 10, 2, marks=pytest.mark.slow),
+    ],
+)
+def test_a_signal_during_the_final_validation_stops_the_run_before_its_test(
+    tiny_data, tmp_path, budget, steps, devices
+):
+    """Ctrl-C after the last step boundary (to rank 0 alone) is not lost: the ranks agree once more when the final
+    validation ends, the run stops with its checkpoint and no test; the same command then tests it, as an
+    uninterrupted run does."""
+    args = [*BASE, budget, f"hardware.devices={devices}"]
     plain, cut = tmp_path / "plain", tmp_path / "cut"
     ok(run_cli(args, plain, tiny_data))
     stop = [
-        "+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=15",
+        "+callbacks.zz_signal._target_=signal_at.SignalAt", f"+callbacks.zz_signal.step={steps}",
         "+callbacks.zz_signal.signum=SIGINT", "+callbacks.zz_signal.rank=0", "+callbacks.zz_signal.during=validation",
     ]  # fmt: skip
     first = run_cli([*args, *stop], cut, tiny_data, PYTHONPATH=str(HELPERS))
     assert first.returncode == 128 + signal.SIGTERM, (first.stdout[-2000:], first.stderr[-2000:])
     assert "test/acc" not in first.stdout + first.stderr and not (cut / "results.json").exists()
-    assert last(cut)["global_step"] == 15
+    assert last(cut)["global_step"] == steps
     again = run_cli(args, cut, tiny_data)
     ok(again)
-    assert results(cut)["global_step"] == results(plain)["global_step"] == 15
+    assert results(cut)["global_step"] == results(plain)["global_step"] == steps
     assert results(cut)["test"] == results(plain)["test"]
+
+
+def test_a_64_bit_checkpoint_is_loaded_to_the_bit_by_init_from(tiny_data, tmp_path):
+    """float64 weights go into a float64 module, never through float32 (as for mode=eval and mode=predict: the
+    module is made float64 before any checkpoint is loaded into it)."""
+    source, tuned = tmp_path / "source", tmp_path / "tuned"
+    bits = [*BASE, "trainer.precision=64-true"]
+    ok(run_cli([*bits, "trainer.max_steps=3"], source, tiny_data))
+    weights = last(source)["state_dict"]
+    # A learning rate far below float64's resolution of these weights: one step leaves every parameter as it was.
+    start = f"init_from={source / 'checkpoints' / 'last.ckpt'}"
+    ok(run_cli([*bits, start, "trainer.max_steps=1", "optim.lr=1e-200"], tuned, tiny_data))
+    after = last(tuned)["state_dict"]
+    params = [k for k, v in weights.items() if v.is_floating_point() and "running" not in k]
+    assert params and all(after[k].dtype == torch.float64 and torch.equal(after[k], weights[k]) for k in params)
 
 
 @pytest.mark.slow

@@ -255,15 +255,17 @@ class ImageDataModule(pl.LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         x, y, ids = batch
+        trainer = getattr(self, "trainer", None)
         if x.dtype == torch.uint8:  # tensor loader: normalize on the device, after the cheap uint8 copy
             x = self.normalize(x)
-        trainer = getattr(self, "trainer", None)
         if self.max_shift and trainer is not None and trainer.training:
             keys = sample_keys(self.seed, trainer.current_epoch, ids)
             # Uncovered pixels take each channel's black, normalized; the same offsets for every channel.
             fills = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
             shifted = [keyed_shift(x[:, c : c + 1], keys, self.max_shift, fill=f) for c, f in enumerate(fills)]
             x = shifted[0] if len(shifted) == 1 else torch.cat(shifted, dim=1)
+        if trainer is not None:  # the dtype the precision gives float batches (64-true, bf16-true): Lightning converts
+            x = trainer.precision_plugin.convert_input(x)  # before the transfer, when these images were uint8
         module = getattr(trainer, "lightning_module", None) if trainer is not None else None
         if module is not None and not getattr(module, "takes_sample_ids", False):
             return x, y  # a module written for (x, y) batches (lightning-hydra-template's unpacks two)

@@ -152,6 +152,13 @@ class Resume:
         self.plan = self.plan.replace(model=model, config=config)
         return self.plan, {**sizes, **(record_of(contents).get("sizes") or {})}
 
+    @property
+    def global_batchnorm(self) -> bool:
+        """BatchNorm over every rank (`model.sync_batchnorm` on CPU): this run's choice, or the tested checkpoint's
+        (its layers were trained so)."""
+        options = (record_of(self._held).get("options") or {}) if self._held is not None else {}
+        return self.plan.global_batchnorm or bool(options.get("global_batchnorm", False))
+
     # -- 2. before anything is written ----------------------------------------------------------------
 
     def load(self, module: pl.LightningModule, sizes: dict[str, Any]) -> None:
@@ -160,7 +167,7 @@ class Resume:
         decision = self.decision
         if self._held is not None:
             label = f"ckpt_path={decision.ckpt_path}"
-            load_into(module, self._held, self.plan.model, label)
+            load_weights(module, self._held, label)
             self._check_compatible(self._held, module, sizes, label, continuing=False)
         elif decision.continue_from is not None:
             path = Path(decision.continue_from)
@@ -323,16 +330,6 @@ def check_built_from(contents: dict[str, Any], model: ModelPlan, trusted: set[st
     check_trusted({"model": model.spec, "optim": model.offered, "sizes": sizes}, trusted, source)
 
 
-def load_into(module: pl.LightningModule, contents: dict[str, Any], model: ModelPlan, label: str) -> None:
-    """The checkpoint's weights into the module built from its record, with the project's options it was trained
-    with applied first."""
-    from hydralight.training.invariance import make_invariant
-
-    options = record_of(contents).get("options") or {}
-    make_invariant(module, model.invariant_dropout, bool(options.get("global_batchnorm", False)))
-    load_weights(module, contents, label)
-
-
 def load_weights(module: pl.LightningModule, contents: dict[str, Any], label: str) -> None:
     """The checkpoint's weights into `module`; a module that builds its layers in `configure_model` builds them
     first, as Lightning's own `load_from_checkpoint` does (Lightning calls it again under a strategy: such a hook
@@ -352,6 +349,8 @@ def load_module(path: str | Path, trusted: Iterable[str] = ()) -> pl.LightningMo
     """The module a checkpoint of this project holds, with its weights, outside a run (read without running
     pickled code): `load_module("outputs/.../checkpoints/last.ckpt")`. The classes it names are built only when
     the project's configs, `./conf` or `trusted` (e.g. `["my_project.tasks.Regressor"]`) name them."""
+    from hydralight.training.invariance import make_invariant
+
     contents = read_checkpoint(path)
     then = record_of(contents)
     if not then.get("model") and then["module"] is None:
@@ -359,5 +358,7 @@ def load_module(path: str | Path, trusted: Iterable[str] = ()) -> pl.LightningMo
     model = model_of(contents, ModelPlan(spec={}, offered={}))
     check_built_from(contents, model, configured_targets() | set(trusted), f"checkpoint={path}")
     module = build_module(model, dict(then.get("sizes") or {}))
-    load_into(module, contents, model, f"checkpoint={path}")
+    options = then.get("options") or {}
+    make_invariant(module, model.invariant_dropout, bool(options.get("global_batchnorm", False)))
+    load_weights(module, contents, f"checkpoint={path}")
     return module

@@ -85,10 +85,16 @@ class Preemption(Callback):
         self._stop(trainer, requested)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # A signal after the last step boundary (during the final validation) stops the run too, before its test:
-        # the checkpoint holds finished training, so the same command continues with the test.
+        # A signal after the last step boundary stops the run too, before its test: the checkpoint holds finished
+        # training, so the same command continues with the test.
         if (requested := agreement(trainer).at_end(trainer, pl_module)["signal"]) != NONE:
             self._stop(trainer, requested)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The validation of the final weights runs after the check above (hydralight.resume.last_checkpoint's, at
+        # the end of training); every rank runs it, so the ranks agree once more at its end.
+        if not trainer.sanity_checking and trainer.fit_loop.done:
+            self.on_train_end(trainer, pl_module)
 
     def _stop(self, trainer: pl.Trainer, requested: int) -> None:
         write_checkpoint(trainer, self.checkpoint_path)
