@@ -1499,3 +1499,40 @@ def test_callback_dispatch_skips_a_hook_that_is_not_callable(tmp_path: Path) -> 
     assert all(getattr(idle, name) is None for name in STEP_HOOKS)
     tiny_trainer(tmp_path, max_steps=3, callbacks=[counting, idle]).fit(Tiny())
     assert ran["end"] == 3, hook.moved(f"on_train_batch_end ran {ran['end']} times in 3 steps")
+
+
+def test_values_logged_for_the_epoch_are_synced_when_asked_after_they_were_logged(tmp_path: Path) -> None:
+    hook = Hook(
+        "pytorch_lightning",
+        "trainer._results[...].meta.sync.should",
+        "lightning_internals.py, training/invariance.py",
+        "averaging over ranks the values a module logs per epoch in validation and test without sync_dist",
+    )
+
+    class Logs(Tiny):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("v", torch.tensor(float(batch_idx)))  # on_step=False, on_epoch=True: validation's default
+            self.log("s", torch.tensor(1.0), on_step=True)
+
+    class Sync(pl.Callback):
+        seen: list[tuple[str, bool]] = []
+
+        def on_validation_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            results = dig(trainer, "_results")
+            assert results is not ABSENT and hasattr(results, "values"), hook.moved("no results collection")
+            for metric in results.values():
+                meta = dig(metric, "meta")
+                fields = [dig(meta, f) for f in ("on_epoch", "on_step", "is_custom_reduction", "sync.rank_zero_only")]
+                assert ABSENT not in fields and dig(metric, "is_tensor") is not ABSENT, hook.moved(f"{fields}")
+                if meta.on_epoch and not meta.on_step:
+                    meta.sync.should = True  # what a later log() of the same value must not refuse, once put back
+                    self.seen.append((meta.name, meta.sync.should))
+
+        def on_validation_epoch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            for metric in trainer._results.values():
+                metric.meta.sync.should = False
+
+    trainer = tiny_trainer(tmp_path, max_epochs=2, max_steps=-1, limit_train_batches=1, callbacks=[Sync()])
+    trainer.fit(Logs())
+    assert ("v", True) in Sync.seen and all(name == "v" for name, _ in Sync.seen), hook.moved(f"{Sync.seen}")
+    assert trainer.callback_metrics["v"] == 0.0, hook.moved(f"the epoch's value is {trainer.callback_metrics['v']}")

@@ -140,6 +140,38 @@ def skip_unused_step_hooks(callbacks: list[pl.Callback]) -> None:
                 setattr(callback, hook, None)
 
 
+# -- values logged per epoch, over every rank ------------------------------------------------------------
+
+
+def sync_epoch_values(trainer: pl.Trainer) -> list[Any]:
+    """Tensor values the running loop has logged for the epoch only (`on_step=False`: the default in validation and
+    test) and not synced: synced when the epoch's value is computed, as `self.log(..., sync_dist=True)` does (sums
+    and counts reduced over ranks: the mean over every rank's samples). `sync_dist` is read when a value is logged;
+    the results (`trainer._results`, each value's `meta.sync`) have no public accessor. Values also logged per step
+    are left alone: syncing them costs a collective at every step. Returns what it changed, for `unsync` once the
+    epoch's values are computed: Lightning refuses a value logged again with other settings."""
+    changed = []
+    for metric in (trainer._results or {}).values():
+        meta = metric.meta
+        if (
+            metric.is_tensor
+            and meta.on_epoch
+            and not meta.on_step
+            and not meta.is_custom_reduction
+            and not meta.sync.should
+            and not meta.sync.rank_zero_only
+        ):
+            meta.sync.should = True
+            changed.append(meta.sync)
+    return changed
+
+
+def unsync(changed: list[Any]) -> None:
+    """The values `sync_epoch_values` changed, as they were logged."""
+    for sync in changed:
+        sync.should = False
+
+
 # -- the loop state inside a checkpoint -------------------------------------------------------------
 
 

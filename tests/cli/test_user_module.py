@@ -113,6 +113,22 @@ def test_a_module_named_on_the_command_line_leaves_out_the_options_classifier_ar
     assert "model.label_smoothing is not an argument of Regressor" in line and not (tmp_path / "other").exists()
 
 
+@pytest.mark.slow
+def test_values_a_module_logs_without_sync_dist_are_those_of_the_whole_data_on_two_processes(tmp_path):
+    """`self.log("val/mse", ...)` and `self.log("test/mse", ...)` without sync_dist, as Lightning's docs write them:
+    on 2 processes the objective and the test result are those of every rank's samples, as one process measures
+    them with the same weights (Lightning alone keeps rank 0's half)."""
+    two, one = tmp_path / "two", tmp_path / "one"
+    ok(user_run([*REGRESSION, "trainer.max_epochs=2", "hardware.devices=2", "strategy=ddp"], two))
+    found = results(two)
+    best = found["best_checkpoint"]
+    ok(user_run([*REGRESSION, "mode=eval", f"ckpt_path={best}"], one))
+    assert found["test"]["test/mse"] == pytest.approx(results(one)["test"]["test/mse"], rel=1e-5)
+    # The objective is the best validation value over both halves, as the csv records it.
+    validated = [float(r["val/mse"]) for r in csv_rows(two) if "val/mse" in r]
+    assert found["objective"]["value"] == pytest.approx(min(validated))
+
+
 @pytest.mark.parametrize(("precision", "dtype"), [("64-true", "float64"), ("bf16-true", "bfloat16")])
 def test_a_module_that_takes_images_as_they_come_gets_them_in_its_precision(tiny_data, tmp_path, precision, dtype):
     """The built-in image data normalizes its uint8 images after Lightning converted the batch for the precision:

@@ -13,6 +13,7 @@ from torch import nn
 
 from hydralight.data.contract import batch_sample_ids
 from hydralight.keyed import SampleDropout, sample_keys, set_keys, with_global_batchnorm, with_sample_dropout
+from hydralight.lightning_internals import sync_epoch_values, unsync
 
 log = logging.getLogger(__name__)
 
@@ -157,3 +158,37 @@ class InvarianceCheck(pl.Callback):
             log.warning(
                 "1 and N processes do NOT train alike with this model and data: " + "; ".join(report["reasons"])
             )
+
+
+class EpochValuesOverRanks(pl.Callback):
+    """In a run of several processes, a value a module logs for the epoch in validation or test (`self.log("val_loss",
+    loss)`, as Lightning's docs write it) is its mean over every rank's samples, as `sync_dist=True` makes it:
+    the objective, the best checkpoint and the test results do not depend on the number of processes (by default
+    Lightning keeps each rank's own share, and warns). Set after a loader's last batch, when Lightning computes the
+    epoch's values; put back at the epoch's end."""
+
+    def __init__(self) -> None:
+        self.changed: list[Any] = []
+
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        counts = trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches
+        self._at_last(trainer, counts, batch_idx, dataloader_idx)
+
+    def on_test_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        self._at_last(trainer, trainer.num_test_batches, batch_idx, dataloader_idx)
+
+    def _at_last(self, trainer: pl.Trainer, counts: list[int | float], batch_idx: int, dataloader_idx: int) -> None:
+        if trainer.world_size > 1 and dataloader_idx < len(counts) and batch_idx + 1 == counts[dataloader_idx]:
+            self.changed += sync_epoch_values(trainer)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        unsync(self.changed)
+        self.changed = []
+
+    on_test_epoch_end = on_validation_epoch_end

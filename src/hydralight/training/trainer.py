@@ -30,7 +30,13 @@ from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import AtomicCheckpointIO
 from hydralight.training.epochs import EpochOfLastStep, LoggedAtItsStep
 from hydralight.training.guards import FiniteLoss, ObjectiveLogged, PlannedBatch
-from hydralight.training.invariance import InvarianceCheck, SampleKeys, batchnorm_advice, has_sample_dropout
+from hydralight.training.invariance import (
+    EpochValuesOverRanks,
+    InvarianceCheck,
+    SampleKeys,
+    batchnorm_advice,
+    has_sample_dropout,
+)
 from hydralight.training.modules import validates
 from hydralight.training.step_metrics import StepMetricsAtValidation
 
@@ -50,6 +56,7 @@ def build_callbacks(plan: RunPlan, module: pl.LightningModule, into: dict[str, A
         *([SampleKeys(plan.seed)] if has_sample_dropout(module) else []),
         PlannedBatch(plan.task.per_device_size, RunDir.at(plan.paths.run_dir).rank_record),
         StepMetricsAtValidation(),
+        EpochValuesOverRanks(),
         EpochOfLastStep(),
         InvarianceCheck(plan.model.sync_batchnorm, into=into, advice=batchnorm_advice(plan.config.get("model") or {})),
         *own,
