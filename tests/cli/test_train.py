@@ -95,6 +95,9 @@ def test_eval_of_a_checkpoint_reproduces_the_reported_accuracy(tiny_data, tmp_pa
     assert evaluated.returncode == 0, evaluated.stderr
     again = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert again["test/acc"] == pytest.approx(reported["test/acc"], abs=1e-6)
+    # It trained nothing: no training speed of its own (not the checkpoint's run's either).
+    assert reported["train_samples_per_second"] and "train_samples_per_second" not in again
+    assert again["samples_per_second"] is None
 
 
 @pytest.mark.slow

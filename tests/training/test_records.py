@@ -68,11 +68,18 @@ def test_an_attempt_that_trains_no_step_reports_the_throughput_of_the_attempt_th
     state = trained.state_dict()
     assert state["train_samples_per_second"] > 0 and state["samples_per_second"] > 0
     continued = Throughput(32, into=into, warmup=1)
+    continued.setup(trainer, None, "fit")
     continued.load_state_dict(state)
     continued.on_fit_start(trainer, None)  # no on_train_start: the fit loop is skipped
     assert continued.samples_per_second(trainer, fit_seconds=0.001) == state["samples_per_second"]
     assert into["train_samples_per_second"] == state["train_samples_per_second"]
     assert continued.state_dict() == state  # and the next checkpoint carries them on
+    # mode=eval tests the checkpoint: no speed of training is its own.
+    tested, into = Throughput(32, into={}, warmup=1), {}
+    tested.into = into
+    tested.setup(trainer, None, "test")
+    tested.load_state_dict(state)
+    assert tested.samples_per_second(trainer, fit_seconds=None) is None and into == {}
 
 
 @pytest.mark.parametrize(("hparams", "recorded"), [({"lr": 0.01}, 0.01), ({}, 0.1)])

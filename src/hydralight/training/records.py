@@ -70,6 +70,10 @@ class Throughput(pl.Callback):
         self._first: tuple[int, float] | None = None
         self._last: tuple[int, float] | None = None
         self._earlier: dict[str, float] = {}
+        self._fitting = False
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._fitting = stage == "fit"  # before a checkpoint's figures are restored into this callback
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._fit_started = time.perf_counter()
@@ -112,6 +116,8 @@ class Throughput(pl.Callback):
         return figures
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not self._fitting:  # mode=eval's test of a checkpoint: the speed its training had is not this run's
+            return
         self._earlier = {k: float(v) for k, v in state_dict.items() if isinstance(v, int | float)}
         if "train_samples_per_second" in self._earlier:  # replaced by this attempt's when it trains enough
             self.into["train_samples_per_second"] = self._earlier["train_samples_per_second"]
