@@ -95,7 +95,9 @@ def _random_transforms(root: Any, depth: int = 5) -> list[str]:
 SET_SYNC_BATCHNORM = "set model.sync_batchnorm=true"
 # A model config of the user's own (a LightningModule's constructor arguments) lacks it: Hydra refuses
 # `model.sync_batchnorm=true` there as not a config key, while an added key reaches the project, not the module.
-ADD_SYNC_BATCHNORM = "add sync_batchnorm: true to the model's config, or ++model.sync_batchnorm=true on the command line"
+ADD_SYNC_BATCHNORM = (
+    "add sync_batchnorm: true to the model's config, or ++model.sync_batchnorm=true on the command line"
+)
 # BatchNorm layers named in the advice before the rest are counted (a timm network has dozens).
 _NAMED_LAYERS = 3
 
