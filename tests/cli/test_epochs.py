@@ -39,3 +39,11 @@ def test_a_run_stopped_inside_an_epoch_names_that_epoch_and_its_resume_goes_on_f
     user_run([*REGRESSION, "trainer.max_steps=40"], run)
     epochs = [int(r["epoch"]) for r in csv_rows(run) if "epoch" in r and "test/mse" not in r]
     assert epochs == sorted(epochs) and epochs[-1] == 2, epochs
+
+
+def test_the_progress_lines_of_an_epoch_a_step_budget_ends_count_to_its_last_batch(tmp_path):
+    lines = user_run([*REGRESSION, "trainer.max_steps=5", "callbacks.progress.every_n_steps=1"], tmp_path / "run")
+    counted = [line.split(" step ")[0] for line in lines.stdout.splitlines() if line.startswith("epoch 0 ")]
+    # Batches 1-4 of 5 (the 5th is the epoch's end line), then where it stopped among the epoch's 16.
+    assert counted[:4] == [f"epoch 0 batch {i}/5" for i in range(1, 5)], counted
+    assert counted[4].startswith("epoch 0 stopped at batch 5/16"), counted

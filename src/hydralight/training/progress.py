@@ -52,11 +52,18 @@ class LineProgress(ProgressBar):
         self._epoch_start = time.perf_counter()
         self._line_of_epoch = None
         self._epoch_batches = trainer.num_training_batches  # read now: a budget's stop leaves it 0 at the end
+        # The batches this epoch runs: a step budget (optimizer steps, each `accumulate_grad_batches` micro-batches)
+        # ends it early. Lightning's `total_train_batches` counts down as steps are taken, and not at all when
+        # max_epochs is set too.
+        self._epoch_total = self._epoch_batches
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            left = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
+            self._epoch_total = min(self._epoch_batches, micro_batches_done(trainer) + left)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        done, total = batch_idx + 1, self.total_train_batches
+        done, total = batch_idx + 1, getattr(self, "_epoch_total", self.total_train_batches)
         if self.every_n_steps and done % self.every_n_steps == 0 and done != total:
             head = f"epoch {trainer.current_epoch} batch {done}/{total} step {trainer.global_step}"
             self._print(trainer, f"{head} {self._metrics(trainer)}")
