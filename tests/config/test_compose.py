@@ -226,8 +226,11 @@ def test_a_target_named_over_a_shipped_option_takes_its_own_arguments(group):
     assert reached.argv == (argv[0], f"++{group}.width=8")
     (cfg,) = compose_jobs(CONFIG_DIR, "train", reached)
     assert cfg[group].width == 8
-    (cfg,) = compose_jobs(CONFIG_DIR, "train", Invocation(argv))  # as the command line gives it
+    handed: list = []
+    (cfg,) = compose_jobs(CONFIG_DIR, "train", Invocation(argv), set(), handed, "train")  # as the command line gives it
     assert cfg[group].width == 8
+    # Hydra's record (overrides.yaml, the job's name) says what was typed.
+    assert list(handed[0].hydra.overrides.task) == list(argv) and "++" not in handed[0].hydra.job.override_dirname
     swept = reach_module_arguments(CONFIG_DIR, "train", Invocation(("-m", *argv[:1], f"{group}.crash=true,false")))
     assert swept.argv[-1] == f"++{group}.crash=true,false"
     # Not an argument of the module: one line naming what it takes.

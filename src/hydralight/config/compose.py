@@ -281,6 +281,18 @@ def reach_module_arguments(config_dir: str, config_name: str, invocation: Invoca
     return Invocation(tuple(f"++{a}" if a in taken else a for a in invocation.argv))
 
 
+def _record_as_typed(cfg: DictConfig, reached: Invocation, typed: Invocation) -> None:
+    """Hydra's record of the command line (`overrides.yaml`, the job's name) holds `model.X=v` as it was typed, not
+    the `++model.X=v` it was composed with."""
+    added = {f"++{arg}": arg for arg in typed.argv if f"++{arg}" in reached.argv}
+    with open_dict(cfg.hydra):
+        cfg.hydra.overrides.task = [added.get(str(o), str(o)) for o in cfg.hydra.overrides.task]
+        name = str(cfg.hydra.job.override_dirname)
+        for composed, arg in added.items():
+            name = name.replace(composed, arg)
+        cfg.hydra.job.override_dirname = name
+
+
 def _replaced_target(node: Any) -> bool:
     """Whether a config's `_target_` is another than its schema's (`model._target_=my.Module` over a shipped
     option): the schema then says nothing of its arguments. An untyped config has no schema to go by."""
@@ -343,6 +355,8 @@ def compose_jobs(
         reached = reach_module_arguments(config_dir, config_name, invocation)
         if reached.argv != invocation.argv:
             cfg, err, overrides = load(reached)
+            if err is None:
+                _record_as_typed(cfg, reached, invocation)
     if err is not None:
         raise UserError(explain(err, overrides)) from None
     if hydra_modes is not None:
