@@ -314,10 +314,10 @@ def test_the_batchnorm_advice_for_a_user_module_is_said_once_with_a_key_it_takes
     reasons = results(tmp_path / "plain")["world_size_invariance"]["reasons"]
     said = [r for r in reasons if "BatchNorm" in r]
     # Its config has no sync_batchnorm key (model.sync_batchnorm=true would not be one): the advice adds it.
-    advice = "add sync_batchnorm: true to the model's config, or +model.sync_batchnorm=true on the command line"
+    advice = "add sync_batchnorm: true to the model's config, or ++model.sync_batchnorm=true on the command line"
     assert said == [f"2 BatchNorm layers (net.1, net.4) normalize each process's micro-batch; {advice}"], reasons
     # What it names is taken, and settles the BatchNorm.
-    ok(user_run([*normed, "+model.sync_batchnorm=true"], tmp_path / "synced"))
+    ok(user_run([*normed, "++model.sync_batchnorm=true"], tmp_path / "synced"))
     assert not [r for r in results(tmp_path / "synced")["world_size_invariance"]["reasons"] if "BatchNorm" in r]
 
 
