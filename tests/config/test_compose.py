@@ -132,6 +132,7 @@ def checked_sweep(*overrides: str) -> tuple[list[list[str]], list[list[str]]]:
     from hydra.types import RunMode
 
     from hydralight.config.compose import check_sweep
+    from hydralight.config.resolve import check_task_values
     from hydralight.train import CONFIG_DIR
 
     composed: list[list[str]] = []
@@ -141,7 +142,11 @@ def checked_sweep(*overrides: str) -> tuple[list[list[str]], list[list[str]]]:
         groups = frozenset(str(name) for name in master.hydra.runtime.choices)
         parser = OverridesParser.create(config_loader=loader)
         jobs = check_sweep(
-            list(overrides), groups, parser, lambda job: composed.append(job) or loader.load_sweep_config(master, job)
+            list(overrides),
+            groups,
+            parser,
+            lambda job: composed.append(job) or loader.load_sweep_config(master, job),
+            check_task_values,
         )
     return jobs, composed
 
@@ -155,6 +160,9 @@ def test_a_large_sweep_checks_every_value_it_sweeps_without_composing_every_job(
     # A wrong value anywhere in the grid is found before the first job, naming it.
     with pytest.raises(UserError, match=r"optim.lr=abc is not a number"):
         checked_sweep(*LARGE_GRID, "optim.lr=0.1,0.2,abc")
+    # A value of the right type that the run refuses, too.
+    with pytest.raises(UserError, match=r"\(optim.lr=-1\): optim.lr=-1.0 must be a positive number"):
+        checked_sweep(*LARGE_GRID, "optim.lr=0.1,-1")
     with pytest.raises(UserError, match=r"model=cnnx is not an option of model"):
         checked_sweep(*LARGE_GRID, "model=mlp,cnnx")
     with pytest.raises(UserError, match=r"optim.lr=range\(5\),abc cannot be expanded into values"):
@@ -166,6 +174,8 @@ def test_a_small_sweep_composes_each_job_once_with_its_types():
     assert composed == jobs and len(jobs) == 4
     with pytest.raises(UserError, match=r"^sweep job 1 \(hardware=cpu optim.lr=abc\): optim.lr=abc is not a number"):
         checked_sweep("hardware=cpu,1gpu", "optim.lr=1e-3,abc")
+    with pytest.raises(UserError, match=r"^sweep job 1 \(hardware=cpu batch.global_size=0\): batch.global_size=0 must"):
+        checked_sweep("hardware=cpu,1gpu", "batch.global_size=32,0")
 
 
 def test_the_launcher_runs_the_config_the_sweep_check_composed():

@@ -63,7 +63,7 @@ def test_printing_and_planning_refuse_it_too(override, message, tmp_path):
     no_run_dir_left(tmp_path / "run")
 
 
-@pytest.mark.parametrize("sweep", ["optim.lr=1e-3,abc", "mode=train,tain", "hardware=cpu,tpu"])
+@pytest.mark.parametrize("sweep", ["optim.lr=1e-3,abc", "optim.lr=1e-3,-1", "mode=train,tain", "hardware=cpu,tpu"])
 def test_every_job_of_a_sweep_is_checked_before_any_runs(sweep, tmp_path):
     sweep_dir = tmp_path / "sweep"
     line = one_line(run_cli(["-m", sweep, "trainer.max_steps=1", f"hydra.sweep.dir={sweep_dir}"], tmp_path))

@@ -62,12 +62,18 @@ class CheckedSweeper(BasicSweeper):  # type: ignore[misc]
 
     @exit_on_user_error
     def _check(self, overrides: list[str]) -> None:
+        from hydralight.config.resolve import check_task_values
+
         loader = self.hydra_context.config_loader
         groups = frozenset(str(name) for name in self.config.hydra.runtime.choices)
         parser = OverridesParser.create(config_loader=loader)
         try:
             check_sweep(
-                overrides, groups, parser, lambda job: loader.keep(job, loader.load_sweep_config(self.config, job))
+                overrides,
+                groups,
+                parser,
+                lambda job: loader.keep(job, loader.load_sweep_config(self.config, job)),
+                check_task_values,
             )
         except UserError:
             discard_refused_sweep(self.config)

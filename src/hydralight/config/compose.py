@@ -405,12 +405,17 @@ def jobs_to_check(jobs: Sequence[Sequence[str]], groups: frozenset[str] = frozen
 
 
 def check_sweep(
-    overrides: list[str], groups: frozenset[str], parser: Any, compose_job: Callable[[list[str]], DictConfig]
+    overrides: list[str],
+    groups: frozenset[str],
+    parser: Any,
+    compose_job: Callable[[list[str]], DictConfig],
+    check_job: Callable[[DictConfig], None] = lambda cfg: None,
 ) -> list[list[str]]:
     """The jobs of a basic sweep over `overrides` (its command line's and its config's `hydra.sweeper.params`),
     checked before the first starts: each job's config composed (`compose_job`, the sweeper's composition, which
     the launcher then runs) and checked, of a large sweep those that give each swept value once (`jobs_to_check`;
-    `groups`: the config groups of the sweep's config). A wrong value is a UserError naming the job."""
+    `groups`: the config groups of the sweep's config; `check_job`: what the run checks of a config before it
+    plans its hardware). A wrong value is a UserError naming the job."""
     from hydralight.config.schema import explain
 
     jobs = _sweep_jobs(overrides, parser)
@@ -429,12 +434,13 @@ def check_sweep(
         try:
             cfg = compose_job(job)
             check_composed(cfg)
+            check_job(cfg)
         except UserError as err:
             raise UserError(f"{prefix}{err}") from None
         except Exception as err:
             raise UserError(prefix + explain(err, job)) from None
         if number == 0 and len(checked) < len(jobs):
-            _check_swept_values(cfg, overrides, groups, len(jobs))
+            _check_swept_values(cfg, overrides, groups, len(jobs), check_job)
     return jobs
 
 
@@ -460,9 +466,12 @@ class ComposedOnce:
         return getattr(self._loader, name)
 
 
-def _check_swept_values(base: DictConfig, overrides: list[str], groups: frozenset[str], jobs: int) -> None:
+def _check_swept_values(
+    base: DictConfig, overrides: list[str], groups: frozenset[str], jobs: int, check_job: Callable[[DictConfig], None]
+) -> None:
     """Set each value of each swept key that is no config group on `base` (a job's composed config, its
-    schema's types in force), as the override would: a value of the wrong type is one line."""
+    schema's types in force), as the override would, and check the config so made (`check_job`): a value of the
+    wrong type, or one the run refuses, is one line."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
 
@@ -479,9 +488,11 @@ def _check_swept_values(base: DictConfig, overrides: list[str], groups: frozense
             try:
                 with open_dict(trial) if override.type != OverrideType.CHANGE else contextlib.nullcontext():
                     OmegaConf.update(trial, key, value, merge=True)
+                check_job(trial)
             except Exception as err:
                 given = f"{'+' * (override.type != OverrideType.CHANGE)}{key}={text}"
-                raise UserError(f"a job of the sweep of {jobs} ({given}): {explain(err, [given])}") from None
+                reason = str(err) if isinstance(err, UserError) else explain(err, [given])
+                raise UserError(f"a job of the sweep of {jobs} ({given}): {reason}") from None
 
 
 def _sweep_jobs(overrides: list[str], parser: Any) -> list[list[str]]:

@@ -360,6 +360,27 @@ def _accumulation(batch: DictConfig, global_size: int, world: int) -> int:
     )
 
 
+def check_task_values(c: DictConfig) -> None:
+    """The task layer's values that no hardware changes (the batch sizes, the learning rate and its rule), as the
+    run checks them: a sweep checks each job's before its first job starts."""
+    _positive_int(c.batch.global_size, "batch.global_size")
+    _positive_int(c.batch.get("eval_size", 1000), "batch.eval_size")
+    _learning_rate(c.optim)
+
+
+def _learning_rate(optim: DictConfig) -> tuple[float, str]:
+    try:
+        base_lr = float(optim.lr)
+    except (TypeError, ValueError):
+        raise UserError(f"optim.lr={optim.lr} is not a number; use e.g. optim.lr=1e-3") from None
+    if not base_lr > 0 or math.isinf(base_lr):
+        raise UserError(f"optim.lr={optim.lr} must be a positive number")
+    scaling = optim.get("lr_scaling", "none")
+    if scaling not in LR_SCALING:
+        raise UserError(f"optim.lr_scaling={scaling} is not a rule; use none, linear or sqrt")
+    return base_lr, scaling
+
+
 def _task(c: DictConfig, hw: HardwarePlan) -> TaskPlan:
     batch, optim = c.batch, c.optim
     global_size = _positive_int(batch.global_size, "batch.global_size")
@@ -376,15 +397,7 @@ def _task(c: DictConfig, hw: HardwarePlan) -> TaskPlan:
             f"{accumulation}; use a multiple of {world * accumulation}"
         )
     eval_size = _positive_int(batch.get("eval_size", 1000), "batch.eval_size")
-    try:
-        base_lr = float(optim.lr)
-    except (TypeError, ValueError):
-        raise UserError(f"optim.lr={optim.lr} is not a number; use e.g. optim.lr=1e-3") from None
-    if not base_lr > 0 or math.isinf(base_lr):
-        raise UserError(f"optim.lr={optim.lr} must be a positive number")
-    scaling = optim.get("lr_scaling", "none")
-    if scaling not in LR_SCALING:
-        raise UserError(f"optim.lr_scaling={scaling} is not a rule; use none, linear or sqrt")
+    base_lr, scaling = _learning_rate(optim)
     reference = _positive_int(batch.get("reference_size") or global_size, "batch.reference_size")
     ratio = global_size / reference
     lr = base_lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[scaling]
