@@ -76,6 +76,16 @@ def test_failed_running_and_never_started_jobs_are_told_apart(sweep, tmp_path):
     (copy / "2" / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
     (copy / "1" / "manifest.json").write_text(json.dumps({**manifest, "status": "failed", "error": "the loss is nan"}))
     (copy / "1" / "results.json").unlink()
+    # A job its plan refused keeps no Hydra record: what it was run with is in its manifest.
+    from hydralight.rundir.outcome import read_job
+
+    typed = read_job(copy / "1").overrides
+    shutil.rmtree(copy / "1" / ".hydra")
+    failed = json.loads((copy / "1" / "manifest.json").read_text())
+    (copy / "1" / "manifest.json").write_text(
+        json.dumps({**failed, "overrides": [f"{k}={v}" for k, v in typed.items()]})
+    )
+    assert typed and read_job(copy / "1").overrides == typed
     # A fifth job was submitted but never started: only the launcher's record knows of it.
     (copy / "jobs.json").write_text(json.dumps({"4": {"overrides": ["optim.lr=0.1"], "job_id": "77"}}))
     result = report(copy)

@@ -81,6 +81,8 @@ def read_job(path: Path) -> JobOutcome:
         job.plan = job.plan or manifest.get("plan") or {}
         job.status = manifest.get("status") or job.status
         job.reason = manifest.get("error")
+        # A job refused before Hydra's record was kept (a value its plan refused) has its overrides only here.
+        job.overrides = job.overrides or _overrides(manifest.get("overrides"))
     return job
 
 
