@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from conftest import HELPERS, csv_rows, run_cli
+from conftest import HELPERS, TINY, csv_rows, run_cli
 
 PROJECT = HELPERS / "user_project"
 # 512 training points in global batches of 32: 16 steps an epoch; 20 steps stop at batch 4 of epoch 1.
@@ -41,9 +41,19 @@ def test_a_run_stopped_inside_an_epoch_names_that_epoch_and_its_resume_goes_on_f
     assert epochs == sorted(epochs) and epochs[-1] == 2, epochs
 
 
-def test_the_progress_lines_of_an_epoch_a_step_budget_ends_count_to_its_last_batch(tmp_path):
-    lines = user_run([*REGRESSION, "trainer.max_steps=5", "callbacks.progress.every_n_steps=1"], tmp_path / "run")
-    counted = [line.split(" step ")[0] for line in lines.stdout.splitlines() if line.startswith("epoch 0 ")]
-    # Batches 1-4 of 5 (the 5th is the epoch's end line), then where it stopped among the epoch's 16.
-    assert counted[:4] == [f"epoch 0 batch {i}/5" for i in range(1, 5)], counted
-    assert counted[4].startswith("epoch 0 stopped at batch 5/16"), counted
+def test_the_progress_lines_of_an_epoch_a_step_budget_ends_count_to_its_last_batch(tiny_data, tmp_path):
+    def counted(steps: int) -> list[str]:
+        every = ["callbacks.progress.every_n_steps=1", "optim=adam"]  # a schedule-free optimizer: 5 steps go on to 8
+        args = [*TINY, "trainer.limit_train_batches=null", f"trainer.max_steps={steps}", *every]
+        result = run_cli(args, tmp_path / "run", tiny_data)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return [line.split(" step ")[0] for line in result.stdout.splitlines() if line.startswith("epoch 0 ")]
+
+    # Batches 1-4 of 5 (the 5th is the epoch's end line), then where it stopped among the epoch's 15.
+    first = counted(5)
+    assert first[:4] == [f"epoch 0 batch {i}/5" for i in range(1, 5)], first
+    assert first[4].startswith("epoch 0 stopped at batch 5/15"), first
+    # Continued to 8 steps inside the same epoch: the count goes on from batch 6.
+    again = counted(8)
+    assert again[:2] == ["epoch 0 batch 6/8", "epoch 0 batch 7/8"], again
+    assert again[2].startswith("epoch 0 stopped at batch 8/15"), again

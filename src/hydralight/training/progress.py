@@ -47,10 +47,14 @@ class LineProgress(ProgressBar):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_start = time.perf_counter()  # a run resumed inside an epoch gets no epoch start
+        self._count_batches(trainer)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_start = time.perf_counter()
         self._line_of_epoch = None
+        self._count_batches(trainer)
+
+    def _count_batches(self, trainer: pl.Trainer) -> None:
         self._epoch_batches = trainer.num_training_batches  # read now: a budget's stop leaves it 0 at the end
         # The batches this epoch runs: a step budget (optimizer steps, each `accumulate_grad_batches` micro-batches)
         # ends it early. Lightning's `total_train_batches` counts down as steps are taken, and not at all when
