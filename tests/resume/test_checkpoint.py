@@ -117,6 +117,10 @@ def test_a_changed_learning_rate_is_applied_to_the_restored_optimizer(tiny_data,
     again = run_cli([*BASE, "trainer.max_epochs=2", "optim.lr=0.05"], run, tiny_data)
     ok(again)
     assert "learning rate 0.001 -> 0.05: applied to the restored optimizer" in again.stdout + again.stderr
+    # The records give the new rate; when the change took effect is recorded, and carried on by the checkpoints.
+    assert results(run)["learning_rate_changes"] == [{"step": 15, "from": 0.001, "to": 0.05}]
+    ok(run_cli([*BASE, "trainer.max_epochs=3", "optim.lr=0.05"], run, tiny_data))
+    assert results(run)["learning_rate_changes"] == [{"step": 15, "from": 0.001, "to": 0.05}]
     assert [g["lr"] for g in last(run)["optimizer_states"][0]["param_groups"]] == [0.05]
     assert last(run)["hyper_parameters"]["lr"] == 0.05
     assert json.loads((run / "ranks" / "rank0.json").read_text())["lr"] == 0.05

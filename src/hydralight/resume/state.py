@@ -29,6 +29,7 @@ from hydralight.lightning_internals import (
 log = logging.getLogger(__name__)
 
 RECORD = "hydralight"
+LR_CHANGES = "hydralight_lr_changes"  # a continued run's changes of the learning rate, with their steps
 # Scheduler state that fixes the schedule's length (OneCycleLR, CosineAnnealingLR).
 LENGTH_KEYS = ("total_steps", "T_max")
 PLAIN = (type(None), bool, int, float, str)
@@ -75,6 +76,7 @@ class ResumeState(pl.Callback):
         self._saved_lr: float | None = None
         self._apply_lr: tuple[float, float] | None = None
         self._checks_on_load = False
+        self._lr_changes: list[dict[str, Any]] = []  # a continued run's changes of the learning rate, in order
 
     # -- saving ---------------------------------------------------------------------------------------
 
@@ -82,6 +84,8 @@ class ResumeState(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         checkpoint[RECORD] = self.record
+        if self._lr_changes:
+            checkpoint[LR_CHANGES] = self._lr_changes
         checkpoint["rng"] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             checkpoint["rng"]["cuda"] = torch.cuda.get_rng_state_all()
@@ -110,6 +114,9 @@ class ResumeState(pl.Callback):
         elif mid_epoch(checkpoint):
             self.into["resumed_at"] = "inside the epoch, after its last trained batch"
         self._reached = (int(checkpoint.get("global_step") or 0), epochs_done(checkpoint))
+        self._lr_changes = [dict(change) for change in checkpoint.get(LR_CHANGES, [])]
+        if self._lr_changes:
+            self.into["learning_rate_changes"] = self._lr_changes
         self._restored_schedulers = list(checkpoint.get("lr_schedulers", []))
         self._saved_lr = (checkpoint.get("hyper_parameters") or {}).get("lr")
         if self._checks_on_load:  # fit started before the checkpoint was read: checked now, before it is applied
@@ -193,4 +200,8 @@ class ResumeState(pl.Callback):
             for group in optimizer.param_groups:
                 group["lr"] = new
         log.info(f"learning rate {old:g} -> {new:g}: applied to the restored optimizer")
+        # The run's records give the new rate; each change, and the step it took effect at, travels in the
+        # checkpoints and is recorded in results.json.
+        self._lr_changes.append({"step": trainer.global_step, "from": old, "to": new})
+        self.into["learning_rate_changes"] = self._lr_changes
         self._apply_lr = None
