@@ -11,7 +11,8 @@ class SignalAt(pl.Callback):
 
     def __init__(self, step: int, signum: str = "SIGTERM", rank: int | None = None, during: str = "train") -> None:
         self.step, self.signum, self.rank = step, signal.Signals[signum], rank
-        self.during = during  # "train": after the step; "validation": in the validation that follows it
+        # "train": after the step; "validation": in the validation that follows it; "train_end": as training ends
+        self.during = during
         self.sent = False
 
     def _send(self, trainer: pl.Trainer) -> None:
@@ -25,4 +26,8 @@ class SignalAt(pl.Callback):
 
     def on_validation_batch_end(self, trainer: pl.Trainer, *args) -> None:
         if self.during == "validation" and not trainer.sanity_checking:
+            self._send(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, *args) -> None:
+        if self.during == "train_end":  # after the project's callbacks' own end of training
             self._send(trainer)

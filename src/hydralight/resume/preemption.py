@@ -50,6 +50,7 @@ class Preemption(Callback):
         self.requested = NONE
         self._previous: dict[signal.Signals, Any] = {}
         self._sigints = 0
+        self._held: signal.Signals | None = None  # a stop signal received and not acted on yet
 
     # Signal side: record only.
     def _handler(self, signum: int, frame: FrameType | None) -> None:
@@ -57,6 +58,8 @@ class Preemption(Callback):
             self._sigints += 1
             if self._sigints > 1:  # a second Ctrl-C means now
                 raise KeyboardInterrupt
+        if signum != self.requeue_signal:
+            self._held = signal.Signals(signum)
         wanted = REQUEUE if signum == self.requeue_signal else STOP
         self.requested = max(self.requested, wanted)
         log.warning(f"received {signal.Signals(signum).name}: checkpointing at the next step boundary")
@@ -71,6 +74,12 @@ class Preemption(Callback):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        # A stop asked for after the ranks' last agreement (training's last hooks, its final save) was held, not
+        # acted on: it is given back now, to the handlers found, and stops the run before its test.
+        held, self._held = self._held, None
+        if held is not None and stage == "fit":
+            log.warning(f"{held.name} received as training ended: stopping before the test")
+            signal.raise_signal(held)
 
     # Training side: act at a step boundary, all ranks together.
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
@@ -97,6 +106,7 @@ class Preemption(Callback):
             self.on_train_end(trainer, pl_module)
 
     def _stop(self, trainer: pl.Trainer, requested: int) -> None:
+        self._held = None  # acted on here
         write_checkpoint(trainer, self.checkpoint_path)
         requeued = requested == REQUEUE and trainer.is_global_zero and self._requeue()
         if trainer.is_global_zero:  # one line for the run, not one per rank
