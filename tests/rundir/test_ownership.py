@@ -165,6 +165,14 @@ def test_a_link_out_of_a_run_dir_is_refused_before_anything_is_written(tmp_path,
     (run / "checkpoints" / "epoch000.ckpt").write_bytes(b"x")
     (run / "checkpoints" / "last-link.ckpt").symlink_to("epoch000.ckpt")
     assert Claim.take(run).made_folder
+    # wandb links its core's log into the user's cache from an attempt's own folder: never written through.
+    logs = run / "wandb" / "offline-run-20261204_211814-abc" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "debug-core.log").symlink_to(outside)
+    assert Claim.take(run).made_folder
+    (run / "wandb" / "debug-core.log").symlink_to(outside)  # anywhere else it is refused as any link is
+    with pytest.raises(UserError, match="holds wandb/debug-core.log, a link to"):
+        Claim.take(run)
 
 
 @pytest.mark.slow

@@ -65,7 +65,9 @@ def foreign_entries(path: Path, hydra_wrote: bool = False) -> list[str]:
 
 def link_out_of(path: Path, limit: int = 10_000) -> tuple[Path, str] | None:
     """A link inside the run dir whose target lies outside it (what a write through it would change), with its
-    target; None when there is none. Links that stay inside (Lightning's `last.ckpt -> epoch...ckpt`) are fine."""
+    target; None when there is none. Links that stay inside (Lightning's `last.ckpt -> epoch...ckpt`) are fine,
+    and so are those in the logs of an earlier attempt's wandb run (wandb links its core's log in the user's
+    cache there): every attempt's wandb run writes a folder of its own, never through an earlier one's."""
     root = path.resolve()
     seen = 0
     for folder, dirs, names in os.walk(path):  # never into linked folders: a linked folder is itself checked
@@ -74,9 +76,15 @@ def link_out_of(path: Path, limit: int = 10_000) -> tuple[Path, str] | None:
             if seen > limit:
                 return None  # no run dir holds that many files: not worth walking further
             entry = Path(folder) / name
-            if entry.is_symlink() and not entry.resolve().is_relative_to(root):
+            if entry.is_symlink() and not entry.resolve().is_relative_to(root) and not _wandb_log(entry, path):
                 return entry, os.readlink(entry)
     return None
+
+
+def _wandb_log(entry: Path, run_dir: Path) -> bool:
+    """A file in the logs of a wandb run kept in the run dir (`wandb/offline-run-<time>-<id>/logs/...`)."""
+    parts = entry.relative_to(run_dir).parts
+    return len(parts) >= 4 and parts[0] == "wandb" and "run-" in parts[1] and parts[2] == "logs"
 
 
 def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
