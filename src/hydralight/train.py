@@ -26,7 +26,14 @@ from hydralight.config.resolve import JobInfo
 from hydralight.config.schema import register
 from hydralight.data.options import SCHEMAS as DATA_SCHEMAS
 from hydralight.errors import UserError, exit_on_user_error
-from hydralight.rundir.launch import check_rank_variables, early_ranks, is_rank_zero, launch_run_dir, register_resolvers
+from hydralight.rundir.launch import (
+    check_rank_variables,
+    early_ranks,
+    external_launcher,
+    is_rank_zero,
+    launch_run_dir,
+    register_resolvers,
+)
 from hydralight.rundir.lock import RunDirLock
 from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable, claim_sweep_dir
 from hydralight.rundir.record import remove_empty_folders
@@ -328,6 +335,12 @@ def _start(invocation: Invocation) -> None:
     invocation.check_writable()
     _made_for_hydra = invocation.missing_output_folders()
     multirun = any(getattr(mode, "name", None) == "MULTIRUN" for mode in modes)  # a search preset may set it
+    if (multirun or invocation.multirun) and (launcher := external_launcher()) is not None:
+        # Every rank would run the whole sweep by itself, each job's ranks never meeting the others'.
+        raise UserError(
+            f"-m under {launcher}: a sweep starts each job's processes itself; run it with python (python train.py "
+            "-m ... hardware.devices=N strategy=ddp), or start one launch per job"
+        )
     if (sweep_dir := invocation.fixed_sweep_dir(multirun)) is not None and is_rank_zero():
         # A folder of the user's is refused before Hydra writes the sweep's record (multirun.yaml) in it.
         if invocation.plan_only:

@@ -57,7 +57,8 @@ def test_an_early_rank_told_nothing_ends_quietly(clean_env):
         ({}, "auto", "train", None),  # a new dated folder
         ({}, "outputs/a", "train", "outputs/a"),  # continued in its own dir
         ({}, "outputs/a", "predict", None),  # reads its checkpoint, writes a dir of its own
-        ({"TORCHELASTIC_RUN_ID": "r1", "MASTER_PORT": "29500"}, "auto", "train", "outputs/torchrun-r1-29500"),
+        ({"TORCHELASTIC_RUN_ID": "r1", "MASTER_PORT": "29500"}, "auto", "train", "outputs/torchrun-r1"),  # --rdzv-id
+        ({"TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29500"}, "auto", "train", "outputs/torchrun-none-29500"),
         ({"SLURM_NTASKS": "2", "SLURM_JOB_ID": "77"}, "never", "train", "outputs/slurm-77"),
         ({"SLURM_NTASKS": "2", "SLURM_JOB_ID": "77"}, "outputs/a", "train", "outputs/a"),
     ],

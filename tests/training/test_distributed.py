@@ -96,6 +96,27 @@ def test_torchrun_single_node(tiny_data, tmp_path):
     assert results(run)["metrics"]["test/samples"] == 200
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["hardware=cpu"], "torchrun started 2 processes (WORLD_SIZE) but the plan runs 1"),
+        (["-m", *DDP2, "optim.lr=0.01,0.02"], "-m under torchrun: a sweep starts each job's processes itself"),
+    ],
+    ids=["plan-of-one", "sweep"],
+)
+def test_torchrun_refuses_what_its_ranks_cannot_run_together(tiny_data, tmp_path, args, said):
+    """A plan of another size than torchrun's launch (each rank would plan a run of its own: the others train
+    nothing and exit 0), and a sweep (every rank would run the whole sweep: the second job hung): one line."""
+    env = {**os.environ, "DATA_DIR": str(tiny_data)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(ROOT / "train.py"), *args, "trainer.max_steps=2"]  # fmt: skip
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    # (torchrun itself ends with a traceback of its own when a rank exits non-zero)
+    assert result.returncode != 0 and f"error: {said}" in result.stderr, result.stderr[-3000:]
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").iterdir())
+    assert not (tmp_path / "multirun").exists()
+
+
 def test_torchrun_plan_true_prints_one_plan_and_leaves_no_run_dir(tmp_path):
     # Four ranks share the run dir torchrun's launch names: rank 0 alone prints the plan and removes that dir.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",

@@ -798,6 +798,14 @@ def check_plan(plan: RunPlan, machine: Machine) -> None:
         raise UserError(f"the plan asks for {hw.devices} GPU(s) per node but this machine has {found}; {fix}")
     if external_launcher() == "slurm":
         _check_slurm_tasks(hw.world_size)
+    if external_launcher() == "torchrun" and int(os.environ.get("WORLD_SIZE", hw.world_size)) != hw.world_size:
+        # Each rank would otherwise plan a run of its own size: the others train nothing and exit 0.
+        started = int(os.environ["WORLD_SIZE"])
+        raise UserError(
+            f"torchrun started {started} processes (WORLD_SIZE) but the plan runs {hw.world_size}; set "
+            "hardware.devices to --nproc_per_node (and hardware.num_nodes to --nnodes), or start torchrun with "
+            f"--nproc_per_node={hw.devices}"
+        )
     if hw.num_nodes > 1 and external_launcher() is None:
         raise UserError(
             f"hardware.num_nodes={hw.num_nodes} needs a launcher that starts every node: submit with "

@@ -54,7 +54,10 @@ def launch_run_dir(resume: Any, mode: Any) -> str | None:
         return str(resume)
     launcher = external_launcher()
     if launcher == "torchrun":
-        return f"outputs/torchrun-{os.environ['TORCHELASTIC_RUN_ID']}-{os.environ.get('MASTER_PORT', '0')}"
+        # A rendezvous id given (`--rdzv-id=$JOB`) names the job: relaunched, it continues there. Without one
+        # torchrun calls every launch "none", told apart by its rendezvous port (--standalone draws an id).
+        run_id = os.environ["TORCHELASTIC_RUN_ID"]
+        return f"outputs/torchrun-{run_id}" + (f"-{os.environ.get('MASTER_PORT', '0')}" if run_id == "none" else "")
     if launcher == "slurm":
         return f"outputs/slurm-{os.environ.get('SLURM_ARRAY_JOB_ID', os.environ.get('SLURM_JOB_ID', '0'))}"
     return None
