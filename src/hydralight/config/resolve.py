@@ -540,7 +540,9 @@ def _data(c: DictConfig, task: TaskPlan, job: JobInfo) -> DataPlan:
         "num_workers": task.num_workers,
         "pin_memory": task.pin_memory,
         "persistent_workers": task.persistent_workers,
-        "drop_last": task.drop_last,
+        # A run that trains nothing (mode=eval, mode=predict) drops no training batch: its data is not refused
+        # for a global batch larger than the training split it never reads.
+        "drop_last": task.drop_last and getattr(c.mode, "name", str(c.mode)).lower() == "train",
         "seed": int(c.seed),
     }
     # What the command line set for the loaders must reach the data module, or be refused: never silently ignored.
