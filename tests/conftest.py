@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import csv
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -220,7 +221,13 @@ def popen(command: list[str], env: dict[str, str], cwd: Path = ROOT, merged: boo
         return WARM.start(command, cwd, env, merged=merged)
     stderr = subprocess.STDOUT if merged else subprocess.PIPE
     return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=as_from_a_terminal)  # fmt: skip
+
+
+def as_from_a_terminal() -> None:
+    """A command typed at a terminal takes Ctrl-C; one a suite started in the background (a CI job, `cmd &`)
+    inherits SIGINT ignored, as the shell sets it, and Python then keeps ignoring it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def one_line(result: subprocess.CompletedProcess) -> str:
