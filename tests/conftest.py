@@ -6,8 +6,8 @@ from __future__ import annotations
 import atexit
 import csv
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
