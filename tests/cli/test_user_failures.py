@@ -28,22 +28,42 @@ class FolderData(pl.LightningDataModule):
 
     def train_dataloader(self):
         return DataLoader(self.data, batch_size=self.batch_size)
+
+
+class TorchvisionData(FolderData):  # as lightning-hydra-template reads MNIST: torchvision's, no download
+
+    def prepare_data(self) -> None:
+        if not self.in_setup:
+            from torchvision.datasets import MNIST
+
+            MNIST(self.root, train=True, download=False)
+
+    def setup(self, stage: str) -> None:
+        from torchvision.datasets import MNIST
+
+        self.data = MNIST(self.root, train=True, download=False)
 """
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [[], ["hardware.devices=2", "strategy=ddp"]], ids=["1", "ddp"])
 @pytest.mark.parametrize("in_setup", [False, True], ids=["prepare_data", "setup"])
-def test_a_data_folder_that_is_not_there_is_one_line(processes, in_setup, tmp_path):
+@pytest.mark.parametrize("reader", ["FolderData", "TorchvisionData"])
+def test_a_data_folder_that_is_not_there_is_one_line(processes, in_setup, reader, tmp_path):
     (tmp_path / "folder_data.py").write_text(READS)
     missing = tmp_path / "nowhere"
     (tmp_path / "conf" / "data").mkdir(parents=True)
-    (tmp_path / "conf" / "data" / "folder.yaml").write_text(f"_target_: folder_data.FolderData\nroot: {missing}\n")
+    (tmp_path / "conf" / "data" / "folder.yaml").write_text(f"_target_: folder_data.{reader}\nroot: {missing}\n")
     args = ["hardware=cpu", "model._target_=pytorch_lightning.demos.boring_classes.BoringModel", "data=folder",
             f"+data.in_setup={in_setup}", "batch.global_size=8", "trainer.max_steps=2", *processes]  # fmt: skip
     run = tmp_path / "run"
     line = one_line(run_cli(args, run, cwd=tmp_path, PYTHONPATH=str(tmp_path)))
-    assert line.startswith(f"error: {missing}/train.pt is missing (No such file or directory"), line
+    said = (
+        f"{missing}/train.pt is missing (No such file or directory"
+        if reader == "FolderData"
+        else ("the data set is not there (Dataset not found")
+    )
+    assert line.startswith(f"error: {said}") and "data.*" in line, line
     assert not run.exists()
 
 

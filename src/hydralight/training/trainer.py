@@ -8,7 +8,7 @@ import os
 import re
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import pytorch_lightning as pl
 from lightning_fabric.plugins.environments import (
@@ -168,14 +168,12 @@ def lightning_refusals() -> Iterator[None]:
             raise UserError(refused[-1][len(SPAWNED_REFUSAL) :]) from None
         _unused_parameters(err)
     except RuntimeError as err:
+        if str(err).startswith("Dataset not found"):  # torchvision's data sets, as a user's data module reads them
+            _data_missing(f"the data set is not there ({_first_line(err)})")
         _unused_parameters(err)
     except (FileNotFoundError, NotADirectoryError) as err:  # a path of the data config (a user's data module)
-        if not is_rank_zero():
-            raise SystemExit(EXIT_USER_ERROR) from None  # every rank misses it; rank 0 says so
-        raise UserError(
-            f"{err.filename or err} is missing ({err.strerror or type(err).__name__}, where the run reads its "
-            "data); check the path the data config gives (data.*), or put the files there"
-        ) from None
+        _data_missing(f"{err.filename or err} is missing ({err.strerror or type(err).__name__}, where the run reads "
+                      "its data)")  # fmt: skip
     except ValueError as err:
         counts = re.match(r"`val_check_interval` \((\d+)\).*?\((\d+)\)", str(err).strip())
         if counts is None:
@@ -186,6 +184,12 @@ def lightning_refusals() -> Iterator[None]:
             f"validate within the epoch (at most {batches}), or count across epochs with "
             "trainer.check_val_every_n_epoch=null"
         ) from None
+
+
+def _data_missing(what: str) -> NoReturn:
+    if not is_rank_zero():
+        raise SystemExit(EXIT_USER_ERROR) from None  # every rank misses it; rank 0 says so
+    raise UserError(f"{what}; check the path the data config gives (data.*), or put the files there") from None
 
 
 # How a spawned rank's UserError ends the text of the exception its parent receives.
