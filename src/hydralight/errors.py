@@ -21,6 +21,7 @@ class UserError(Exception):
     # and its run dir is to go.
     before_any_result: bool = False
     discard_run_dir: bool = False
+    saved_something: bool = False  # refused after the attempt saved a checkpoint: its record and log stay
 
 
 def exit_on_user_error(fn: F) -> F:

@@ -31,9 +31,13 @@ from hydralight.rundir.launch import (
     early_ranks,
     external_launcher,
     is_rank_zero,
+    keep_record_before,
     launch_run_dir,
     register_resolvers,
+    restore_record,
+    take_back_log,
 )
+from hydralight.rundir.layout import RESULTS
 from hydralight.rundir.lock import RunDirLock
 from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable, claim_sweep_dir
 from hydralight.rundir.record import remove_empty_folders
@@ -49,10 +53,8 @@ lightning_namespaces.install()
 CONFIG_DIR = str(SHIPPED_CONF)
 # What Hydra names the job (`hydra.job.name`, the log file's name): the module of its task function, `main`.
 JOB_NAME = "train"
-# The run dir `cli` claimed and locked before Hydra wrote its record there (a named dir of a single run), and
-# that record (folder, files) as it was: a refused run puts it back.
+# The run dir `cli` claimed and locked before Hydra wrote its record there (a named dir of a single run).
 _claimed_before_hydra: Claim | None = None
-_hydra_record_before: tuple[Path, Any] | None = None
 # The folders above a run dir that Hydra names (`outputs/`) not there before this run: a refused run leaves none.
 _made_for_hydra: tuple[Path, ...] = ()
 
@@ -86,6 +88,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     apply_extras(plan.config)
     if (earlier := plan.resume.finished) is not None:  # the same command again: nothing to do
         say(f"already finished: {result_line(earlier, plan.paths.run_dir)}")
+        take_back_log()  # its files stay as they were, its log too
         return earlier["objective"]["value"]
 
     # 1. Check the plan against this machine; build what writes nothing: data, module, the resume decision.
@@ -178,7 +181,7 @@ def _left_as_it_was_if_refused(plan: RunPlan, trainer: Any, record: Any) -> Iter
         untrained = getattr(trainer, "global_step", 1) == 0 or getattr(err, "before_any_result", False)
         if plan.paths.sweep_dir is None and untrained and not plan.resume.own:
             err.discard_run_dir = True  # what this attempt added goes; what was there before stays
-        record.restore_if_nothing_saved()
+        err.saved_something = not record.restore_if_nothing_saved()
         raise
 
 
@@ -227,6 +230,7 @@ def main(cfg: DictConfig) -> float | None:
                         # What the data module's constructor takes, checked as the run will (no data is read).
                         datamodule_kwargs(plan.data.spec, plan.data.offered, plan.data.explicit)
                         print(plan.table(), end="")
+                        restore_record(run_dir, refused=True)  # an earlier run's record there, as it was
                         kept = claim is not None and not claim.made_folder
                         if discard_unused_run_dir(run_dir, keep_folder=kept) and not kept and job.sweep_dir is None:
                             remove_empty_folders(_made_for_hydra)  # `outputs/`, made for it
@@ -247,15 +251,19 @@ def main(cfg: DictConfig) -> float | None:
                 kept = not discard_unused_run_dir(run_dir, keep_folder=not claim.made_folder)
                 if not kept and job.sweep_dir is None:
                     remove_empty_folders(_made_for_hydra)
-                if kept and _hydra_record_before is not None and claim is _claimed_before_hydra:
-                    folder, files = _hydra_record_before
-                    files.restore(folder)  # an earlier run's record, as it was
+                restore_record(run_dir, refused=kept)  # an earlier run's record, as it was
+                # And its log (the refusal is on the console); a sweep's job keeps it unless earlier results stand.
+                if kept and not err.saved_something and (job.sweep_dir is None or (run_dir / RESULTS).is_file()):
+                    take_back_log()
             if job.sweep_dir is None:
                 raise
             # In a sweep the other jobs go on; the job's manifest says why it failed, the sweep's summary counts it.
             from hydra.core.hydra_config import HydraConfig
 
+            from hydralight.rundir.outcome import REFUSED_HERE
+
             print(f"error: job {HydraConfig.get().job.num} ({run_dir}): {err}", file=sys.stderr, flush=True)
+            REFUSED_HERE[run_dir.name] = str(err)
             if claim is not None:  # a job dir of the user's (refused as such) gets no record of ours
                 from hydralight.rundir.layout import RunDir
 
@@ -278,6 +286,8 @@ def main(cfg: DictConfig) -> float | None:
             if claim is not None:
                 record_failure(RunDir(run_dir), reason, job.overrides)
             return None
+        finally:
+            restore_record(run_dir, refused=False)  # the job ended: what was kept for it goes
 
 
 def _ranks_asked(cfg: DictConfig, machine: Machine) -> tuple[str, int, int]:
@@ -307,7 +317,7 @@ def cli() -> None:
 
 
 def _start(invocation: Invocation) -> None:
-    global _claimed_before_hydra, _hydra_record_before, _made_for_hydra
+    global _claimed_before_hydra, _made_for_hydra
     check_rank_variables()  # this door is a shell's or a launcher's, never one of this project's own ranks
     # The config is composed and type-checked first (a sweep's each job's, by its sweeper): a wrong value is one
     # line, before any run dir.
@@ -371,12 +381,9 @@ def _start(invocation: Invocation) -> None:
         claim = Claim.take(Path(named).resolve(), invocation.run_dir_key)
         try:
             with RunDirLock(claim.path):
-                from hydralight.rundir.record import FileSnapshot
-
                 _claimed_before_hydra = claim
-                if (subdir := invocation.hydra_record_dir()) is not None:
-                    folder = claim.path / subdir
-                    _hydra_record_before = (folder, FileSnapshot.of_folder(folder))
+                if (subdir := invocation.hydra_record_dir()) is not None:  # also one the command line names
+                    keep_record_before(claim.path / subdir)
                 main()
         finally:
             claim.remove_if_empty()  # a run refused by the lock leaves no folder it made

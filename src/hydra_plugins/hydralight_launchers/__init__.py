@@ -3,6 +3,7 @@ launchers' logic lives in `hydralight.launch.launchers`. Kept light: Hydra impor
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_search_path import ConfigSearchPath
@@ -18,7 +19,9 @@ from hydralight.config.folders import user_conf
 from hydralight.config.hydra_internals import basic_sweeper
 from hydralight.errors import UserError, exit_on_user_error
 from hydralight.launch.launchers import HydralightLocalConf, HydralightSlurmConf, PlannedLauncherMixin
-from hydralight.rundir.record import discard_refused_sweep
+from hydralight.rundir.outcome import REFUSED_HERE
+from hydralight.rundir.record import discard_refused_sweep, sweep_dir_kept_as_it_was
+from hydralight.rundir.redaction import SWEEP_RECORD
 
 
 class PlannedSlurmLauncher(PlannedLauncherMixin, SlurmLauncher):
@@ -56,9 +59,17 @@ class CheckedSweeper(BasicSweeper):  # type: ignore[misc]
 
     def sweep(self, arguments: list[str]) -> Any:
         # The sweep dir first (`multirun/${now:...}`): each job's config takes the time its sweep resolved.
-        str(self.config.hydra.sweep.dir)
+        earlier = (Path(str(self.config.hydra.sweep.dir)) / SWEEP_RECORD).is_file()
         self._check([*self._parse_config(), *arguments])
-        return super().sweep(arguments)
+        returns: list[Sequence[Any]] = []
+
+        def unchanged() -> bool:  # only plans printed, or an earlier sweep's jobs all refused: its record stays
+            ran = sum(len(batch) for batch in returns)
+            return self.config.get("plan") is True or (earlier and ran > 0 and len(REFUSED_HERE) == ran)
+
+        with sweep_dir_kept_as_it_was(self.config, when=unchanged):
+            returns.extend(super().sweep(arguments))
+        return returns
 
     @exit_on_user_error
     def _check(self, overrides: list[str]) -> None:

@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from hydralight.errors import UserError, exit_on_user_error, require
 from hydralight.rundir.layout import SweepDir
 from hydralight.rundir.outcome import read_job
-from hydralight.rundir.record import discard_unused_run_dir, read_json
+from hydralight.rundir.record import discard_unused_run_dir, read_json, sweep_dir_kept_as_it_was
 from hydralight.rundir.redaction import redact, redact_sweep_record
 
 if TYPE_CHECKING:
@@ -225,7 +225,8 @@ class OptunaSearch(Sweeper):
         self.fixed, self.space = fixed, space
         if self.config.get("plan"):  # the plan of the config every trial starts from; no trial runs, no study
             log.info(f"plan=true: none of the search's {self.n_trials} trials runs; the plan of the config they share:")
-            return list(self.launcher.launch([fixed], initial_job_idx=0))
+            with sweep_dir_kept_as_it_was(self.config):
+                return list(self.launcher.launch([fixed], initial_job_idx=0))
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         # One search process per sweep dir: a second one would take the first one's running trials for stopped.
         with RunDirLock(self.sweep_dir):

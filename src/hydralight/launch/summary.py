@@ -45,6 +45,8 @@ class SweepSummary(Callback):
     when no trial did)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("plan") is True:
+            return  # each job's plan printed, nothing run
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
             # A search expects some trials to fail; it failed only when none succeeded.

@@ -19,6 +19,11 @@ from hydralight.errors import UserError
 LAUNCHER_PID = "HYDRALIGHT_LAUNCHER_PID"
 # Ranks started while this process prepares the job (`early_ranks`), waiting to be told what to run.
 EARLY_RANKS: list[subprocess.Popen] = []
+# The job's log file and its size before this attempt (None: it was not there), for `take_back_log`.
+_job_log: tuple[logging.FileHandler, int | None] | None = None
+# Hydra's record of a job (`.hydra/`) as it was before the job wrote it there (folder -> its files), for
+# `restore_record`: a job refused in the dir of an earlier run leaves that run's record.
+_records_before: dict[Path, Any] = {}
 
 
 def external_launcher() -> str | None:
@@ -69,7 +74,25 @@ def record_subdir(resume: Any, mode: Any, output_dir: str) -> str | None:
     continued = launch_run_dir(resume, mode) == str(resume)
     if not is_rank_zero() or (continued and Path(output_dir).resolve() == Path(str(resume)).resolve()):
         return None
+    keep_record_before(Path(output_dir) / ".hydra")  # read first by Hydra as it writes the record
     return ".hydra"
+
+
+def keep_record_before(folder: Path) -> None:
+    """Keep Hydra's record in `folder` as it is, before this job writes its own there (the first call wins)."""
+    from hydralight.rundir.record import FileSnapshot
+
+    folder = folder.resolve()
+    if folder not in _records_before:
+        _records_before[folder] = FileSnapshot.of_folder(folder)
+
+
+def restore_record(run_dir: Path, refused: bool) -> None:
+    """The job of `run_dir` ended: refused, Hydra's record there is put back as it was."""
+    for folder in [f for f in _records_before if f.parent == run_dir.resolve()]:
+        before = _records_before.pop(folder)
+        if refused:
+            before.restore(folder)
 
 
 def log_handler(to: str, **file: Any) -> logging.Handler:
@@ -80,7 +103,30 @@ def log_handler(to: str, **file: Any) -> logging.Handler:
         handler: logging.Handler = logging.StreamHandler(sys.stderr) if to == "console" else logging.NullHandler()
         handler.setLevel(logging.WARNING)
         return handler
-    return logging.FileHandler(file["filename"]) if to == "file" else logging.StreamHandler(sys.stdout)
+    if to != "file":
+        return logging.StreamHandler(sys.stdout)
+    global _job_log
+    path = Path(file["filename"])
+    size = path.stat().st_size if path.is_file() else None
+    _job_log = (logging.FileHandler(path), size)
+    return _job_log[0]
+
+
+def take_back_log() -> None:
+    """An attempt that changed nothing (refused, or the run had already finished) leaves the job's log file as
+    it was: its lines were said on the console. Later lines of this process go to the console only."""
+    global _job_log
+    if _job_log is None:
+        return
+    (handler, size), _job_log = _job_log, None
+    logging.getLogger().removeHandler(handler)
+    handler.close()
+    path = Path(handler.baseFilename)
+    with contextlib.suppress(FileNotFoundError):
+        if size is None:
+            path.unlink()
+        elif path.stat().st_size > size:
+            os.truncate(path, size)
 
 
 def register_resolvers() -> None:

@@ -28,6 +28,9 @@ def test_counterpart(metric: str) -> str:
 
 # finished | failed | interrupted | running | never started
 FAILED = ("failed", "interrupted")
+# Jobs of the sweep this process runs that were refused (job name -> reason). A job dir that holds an earlier
+# run's results keeps them as they were, so its files cannot say that this sweep's job was refused.
+REFUSED_HERE: dict[str, str] = {}
 
 
 @dataclass
@@ -107,13 +110,17 @@ def find_jobs(sweep_dir: Path) -> list[JobOutcome]:
 def sweep_line(sweep_dir: Path) -> tuple[str, bool]:
     """One line on how a sweep ended (jobs done, failed with their reasons, not finished), and whether all finished."""
     jobs = find_jobs(sweep_dir)
-    done = [j for j in jobs if j.finished]
+    refused = [j for j in jobs if j.finished and j.name in REFUSED_HERE]
+    done = [j for j in jobs if j.finished and j not in refused]
     failed = [j for j in jobs if j.status in FAILED]
     other = [j for j in jobs if not j.finished and j not in failed]
     line = f"sweep {sweep_dir}: {len(done)} of {len(jobs)} jobs done"
     if failed:
         reasons = "; ".join(f"#{j.name} {j.status}: {(j.reason or '-')[:160]}" for j in failed)
         line += f", {len(failed)} failed ({reasons})"
+    if refused:
+        reasons = "; ".join(f"#{j.name}: {REFUSED_HERE[j.name][:160]}" for j in refused)
+        line += f", {len(refused)} refused, their earlier results kept ({reasons})"
     if other:
         line += f", {len(other)} did not finish ({', '.join(f'#{j.name} {j.status}' for j in other)})"
     line += f"; details: python -m hydralight.report {sweep_dir}"

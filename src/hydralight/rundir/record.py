@@ -14,7 +14,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -192,8 +192,14 @@ def discard_unused_run_dir(path: Path, keep_folder: bool = False) -> bool:
     if not path.is_dir():
         return False
     redact_hydra_records(path)  # a plan-only job of a sweep: the sweep's record stays
-    entries = list(path.iterdir())
-    if any(e.name not in RECORD_ONLY and e.suffix != ".log" and not e.name.startswith(LOCK_LEFTOVERS) for e in entries):
+    return _discard_record_only(path, keep_folder)
+
+
+def _discard_record_only(path: Path, keep_folder: bool) -> bool:
+    entries = list(path.iterdir()) if path.is_dir() else []
+    if not path.is_dir() or any(
+        e.name not in RECORD_ONLY and e.suffix != ".log" and not e.name.startswith(LOCK_LEFTOVERS) for e in entries
+    ):
         return False
     for entry in entries:  # gone already counts as removed (another process of the launch was first)
         with contextlib.suppress(FileNotFoundError):
@@ -208,12 +214,27 @@ def discard_unused_run_dir(path: Path, keep_folder: bool = False) -> bool:
     return True
 
 
-def discard_refused_sweep(config: Any) -> None:
-    """What a sweep refused before its first job wrote goes (Hydra's record, the marker), and its folder too
-    unless the folder was there before (its marker says so)."""
+def discard_refused_sweep(config: Any, keep_folder: bool = False) -> None:
+    """What a sweep refused before its first job, or one that only printed its plans, wrote goes (Hydra's
+    record, the marker), and its folder too unless the folder was there before (`keep_folder`, or its marker
+    says so)."""
     path = Path(str(config.hydra.sweep.dir))
     mark = read_json(path / MARK)
-    discard_unused_run_dir(path, keep_folder=mark is not None and mark.get("made_folder") is False)
+    _discard_record_only(path, keep_folder or (mark is not None and mark.get("made_folder") is False))
+
+
+@contextlib.contextmanager
+def sweep_dir_kept_as_it_was(config: Any, when: Callable[[], bool] = lambda: True) -> Iterator[None]:
+    """A sweep that changed nothing (`when`: it only printed its jobs' plans, or every job was refused) leaves
+    its sweep dir as it was: Hydra's record of it put back, the folder gone unless it was there before."""
+    path = Path(str(config.hydra.sweep.dir))
+    existed, record = path.exists(), FileSnapshot([path / "multirun.yaml"])
+    try:
+        yield
+    finally:
+        if when():
+            record.restore()
+            discard_refused_sweep(config, keep_folder=existed)
 
 
 class FileSnapshot:
