@@ -148,7 +148,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
             with (
                 record.timed("fit_seconds"),
                 _left_as_it_was_if_refused(plan, trainer, record),
-                lightning_refusals(),
+                lightning_refusals(plan.task.accumulation),
             ):
                 trainer.fit(module, datamodule=data, ckpt_path=resume.ckpt_path, weights_only=True)
         # 4. Test the best checkpoint.

@@ -330,6 +330,23 @@ def test_the_epoch_default_never_binds_a_step_budget_given_alone(overrides, epoc
     assert plan_of(*overrides).trainer["max_epochs"] == epochs
 
 
+def test_training_batch_counts_are_optimizer_steps_whatever_the_accumulation():
+    accumulated = plan_of("batch.max_per_device=32", "trainer.val_check_interval=5", "trainer.limit_train_batches=7")
+    assert accumulated.task.accumulation == 4
+    assert accumulated.trainer["val_check_interval"] == 20 and accumulated.trainer["limit_train_batches"] == 28
+    assert plan_of("batch.max_per_device=32", "trainer.val_check_interval=0.5").trainer["val_check_interval"] == 0.5
+
+
+def test_evaluation_limits_count_the_batches_of_one_process(capsys):
+    two = ("hardware=cpu", "hardware.devices=2", "strategy=ddp")
+    trainer = plan_of(*two, "trainer.limit_val_batches=4", "trainer.limit_test_batches=0.5").trainer
+    assert trainer["limit_val_batches"] == 2 and trainer["limit_test_batches"] == 0.5
+    assert plan_of("hardware=cpu", "trainer.limit_val_batches=3").trainer["limit_val_batches"] == 3
+    capsys.readouterr()
+    assert plan_of(*two, "trainer.limit_test_batches=3").trainer["limit_test_batches"] == 2
+    assert "trainer.limit_test_batches=3 does not divide over 2 processes; each scores 2" in capsys.readouterr().err
+
+
 def test_a_submodule_named_twice_for_sharding_is_one_line():
     with pytest.raises(UserError, match="strategy.shard names net twice"):
         plan_of("strategy=fsdp", "strategy.shard=[net,net]")

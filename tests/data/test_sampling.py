@@ -62,4 +62,12 @@ def test_position_carries_over_to_another_world_size():
 def test_shards_cover_every_sample_exactly_once():
     for world in (1, 2, 3, 7):
         seen = torch.cat([torch.cat(list(ShardSampler(1003, 100, r, world))) for r in range(world)])
-        assert seen.tolist() == list(range(1003))
+        assert sorted(seen.tolist()) == list(range(1003))
+
+
+def test_the_first_batches_of_every_rank_are_the_first_batches_of_one_process():
+    # What an evaluation limit of 4 batches scores: 2 a rank on 2 processes, 1 on 4.
+    one = torch.cat(list(ShardSampler(1003, 100))[:4])
+    for world in (2, 4):
+        limited = [list(ShardSampler(1003, 100, r, world))[: 4 // world] for r in range(world)]
+        assert sorted(torch.cat([b for batches in limited for b in batches]).tolist()) == one.tolist()

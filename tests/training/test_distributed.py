@@ -194,17 +194,23 @@ def test_one_and_two_processes_train_the_same_network(name, tiny_data, tmp_path)
     overrides, bound = EQUIVALENT[name]
     base = [a for a in TINY if not a.startswith("model=")] + overrides
     steps = [*base, "trainer.limit_train_batches=null", "trainer.max_steps=20", "trainer.max_epochs=3", "seed=5"]
+    # Evaluation limits count the batches of 1 process: 2 of the 4 validation batches, 4 of the 8 test ones.
+    steps += ["batch.eval_size=25", "trainer.limit_val_batches=2", "trainer.limit_test_batches=4"]
     one, two = tmp_path / "one", tmp_path / "two"
     for run, devices in ((one, 1), (two, 2)):
         result = run_cli([*steps, f"hardware.devices={devices}"], run, tiny_data)
         assert result.returncode == 0, result.stderr[-3000:]
         assert results(run)["global_step"] == 20
-        assert results(run)["metrics"]["test/samples"] == 200
+        assert results(run)["metrics"]["test/samples"] == 100
         assert results(run)["world_size_invariance"] == {"holds": True, "reasons": []}
     worst = max_relative_difference(final_weights(one), final_weights(two))
     with (tmp_path.parent / "invariance.txt").open("a") as f:
         f.write(f"{name}: {worst:.3g}\n")
     assert worst < bound, worst
+    if bound <= 1e-6:  # the same weights score the same samples: the same numbers
+        for key in ("test/acc", "test/loss"):
+            assert results(two)["test"][key] == pytest.approx(results(one)["test"][key], abs=1e-6), key
+        assert results(two)["objective"]["value"] == pytest.approx(results(one)["objective"]["value"], abs=1e-6)
 
 
 def test_torch_dropout_still_trains_and_the_record_says_why_it_is_not_invariant(tiny_data, tmp_path):

@@ -11,6 +11,22 @@ def test_a_validation_interval_longer_than_the_epoch_is_one_line_and_leaves_no_r
     across = ["trainer.val_check_interval=6", "trainer.check_val_every_n_epoch=null", "trainer.max_epochs=2"]
     result = run_cli([*TINY, *across], tmp_path / "across", tiny_data)
     assert result.returncode == 0, result.stderr[-2000:]
+    # Counted in optimizer steps when each takes several micro-batches.
+    accumulated = [*TINY, "batch.max_per_device=8", "trainer.val_check_interval=100"]
+    line = one_line(run_cli(accumulated, tmp_path / "acc", tiny_data))
+    assert "trainer.val_check_interval=100 is more than the 4 training batches of an epoch" in line
+
+
+def test_a_validation_interval_counts_optimizer_steps_whatever_the_accumulation(tiny_data, tmp_path):
+    import csv
+
+    steps = [*TINY, "trainer.limit_train_batches=null", "trainer.max_steps=12", "trainer.val_check_interval=4"]
+    for name, extra in (("whole", []), ("accumulated", ["batch.max_per_device=8"])):
+        result = run_cli([*steps, *extra], tmp_path / name, tiny_data)
+        assert result.returncode == 0, result.stderr[-2000:]
+        with (tmp_path / name / "csv" / "metrics.csv").open() as f:
+            validated = [int(row["step"]) for row in csv.DictReader(f) if row.get("val/acc")]
+        assert validated == [3, 7, 11], (name, validated)  # after steps 4, 8, 12 (the history counts from 0)
 
 
 def test_a_taken_master_port_from_the_shell_is_replaced_in_one_line(monkeypatch, caplog):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -36,7 +37,7 @@ from hydralight.config.plan import (
 from hydralight.config.schema import LR_SCALING, PLANNED, PRECISIONS, STRATEGIES, ModuleOptions, set_by_plan
 from hydralight.config.trust import SHIPPED_CONF, check_trusted, configured_targets
 from hydralight.errors import UserError
-from hydralight.rundir.launch import external_launcher
+from hydralight.rundir.launch import external_launcher, is_rank_zero
 from hydralight.rundir.layout import RunDir, not_a_checkpoint_file
 from hydralight.rundir.record import read_json, read_yaml_record
 
@@ -566,9 +567,11 @@ def _trainer(c: DictConfig, hw: HardwarePlan, fw: FrameworkPlan, task: TaskPlan,
         # A step or time budget given alone is the budget: an epoch default never cuts it short unseen.
         bounded = options.get("max_steps", -1) != -1 or options.get("max_time") is not None
         options["max_epochs"] = -1 if bounded else DEFAULT_EPOCHS
-    limit = options.get("limit_train_batches")
-    if isinstance(limit, int) and not isinstance(limit, bool):
-        options["limit_train_batches"] = limit * task.accumulation
+    for key in ("limit_train_batches", "val_check_interval"):  # N training batches: N optimizer steps
+        if isinstance(limit := options.get(key), int) and not isinstance(limit, bool):
+            options[key] = limit * task.accumulation
+    for key in ("limit_val_batches", "limit_test_batches", "limit_predict_batches"):
+        options.update(_evaluation_limit(key, options.get(key), hw.world_size))
     options.update(
         accelerator=hw.accelerator,
         devices=hw.devices,
@@ -581,6 +584,22 @@ def _trainer(c: DictConfig, hw: HardwarePlan, fw: FrameworkPlan, task: TaskPlan,
         default_root_dir=run_dir,
     )
     return options
+
+
+def _evaluation_limit(key: str, limit: Any, world: int) -> dict[str, Any]:
+    """An evaluation limit of N batches scores the samples N batches hold on 1 process, however many there are:
+    Lightning counts each process's batches, so each takes N / world of them (rounded up, and said)."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or world == 1:
+        return {}
+    share = -(-limit // world)
+    if share * world != limit and is_rank_zero():
+        print(
+            f"note: trainer.{key}={limit} does not divide over {world} processes; each scores {share}, "
+            f"{share * world} batches in all (a multiple of {world} scores the same samples as 1 process)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {key: share}
 
 
 def _specs(group: Any) -> dict[str, dict[str, Any]]:

@@ -3,7 +3,7 @@
 Lightning's DistributedSampler shuffles per world size and pads the last batch with repeats, so a run
 on 2 GPUs sees other samples than on 1 and evaluation counts some samples twice. Here one seeded
 permutation defines the global batches; each rank takes its contiguous share of every global batch,
-and evaluation shards are disjoint, unpadded slices.
+and evaluation shares are disjoint and unpadded.
 """
 
 from __future__ import annotations
@@ -110,12 +110,14 @@ class GlobalBatchSampler(Sampler[torch.Tensor]):
 
 
 class ShardSampler(Sampler[torch.Tensor]):
-    """Evaluation batches over this rank's contiguous shard: every sample counted exactly once."""
+    """Evaluation batches over this rank's share, every sample counted exactly once. The share is interleaved
+    (rank r takes samples r, r + world, ...), so the first k batches of every rank together are the first
+    k x world batches of 1 process: an evaluation limit scores the same samples on any number of processes."""
 
     def __init__(self, num_samples: int, batch_size: int, rank: int = 0, world_size: int = 1) -> None:
         if num_samples < world_size:
             raise ValueError(f"{num_samples} samples cannot be shared by {world_size} processes")
-        shard = torch.tensor_split(torch.arange(num_samples), world_size)[rank]
+        shard = torch.arange(rank, num_samples, world_size)
         self.batches = list(torch.split(shard, batch_size))
 
     def __iter__(self) -> Iterator[torch.Tensor]:

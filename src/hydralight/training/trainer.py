@@ -151,10 +151,11 @@ UNUSED_PARAMETERS = re.compile(
 
 
 @contextlib.contextmanager
-def lightning_refusals() -> Iterator[None]:
+def lightning_refusals(accumulation: int = 1) -> Iterator[None]:
     """Settings Lightning refuses only once `fit` has the data (a validation interval longer than the epoch, an
     option of a user's module or data it rejects, parameters DDP finds unused), and a data folder or file that is
-    not there, as one line instead of a traceback from its internals."""
+    not there, as one line instead of a traceback from its internals. `accumulation`: the micro-batches of an
+    optimizer step, in which Lightning counts training batches."""
     from lightning_fabric.utilities.exceptions import MisconfigurationException
     from torch.multiprocessing import ProcessRaisedException
 
@@ -178,7 +179,7 @@ def lightning_refusals() -> Iterator[None]:
         counts = re.match(r"`val_check_interval` \((\d+)\).*?\((\d+)\)", str(err).strip())
         if counts is None:
             raise
-        interval, batches = counts.groups()
+        interval, batches = (int(count) // accumulation for count in counts.groups())
         raise UserError(
             f"trainer.val_check_interval={interval} is more than the {batches} training batches of an epoch; "
             f"validate within the epoch (at most {batches}), or count across epochs with "
