@@ -348,3 +348,15 @@ def test_a_checkpoint_of_your_module_is_evaluated_and_predicted_with_or_without_
         assert done.stdout.splitlines()[-1].startswith("test/mse="), (args, done.stdout[-500:])
     line = one_line(user_run([*plain, "model=lit", "model.hidden=8", "mode=eval", ckpt], tmp_path / "other"))
     assert "model.hidden differs: model.hidden=8" in line, line
+
+
+def test_a_subclass_of_the_built_in_classifier_trains_with_its_optimizer_and_schedule(tiny_data, tmp_path):
+    # Named by model._target_, it is built as a user's module is (recursively): its optimizer and schedule
+    # arrive built, not as configs.
+    (tmp_path / "sub.py").write_text(
+        "from hydralight.tasks.classifier import Classifier\n\n\nclass Sub(Classifier):\n    pass\n"
+    )
+    args = [*TINY, "model._target_=sub.Sub", "optim=sgd"]
+    result = run_cli(args, tmp_path / "run", tiny_data, cwd=tmp_path, PYTHONPATH=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Sub(MLP)" in result.stdout

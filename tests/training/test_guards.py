@@ -20,3 +20,30 @@ def test_a_non_finite_loss_scalar_or_not_is_refused_naming_the_step_and_the_lear
     guard.on_before_backward(trainer, module, torch.tensor([2.5, -1.0]))
     with pytest.raises(UserError, match=f"{says} at step 7 \\(epoch 1\\); lower optim.lr \\(now 0.5\\)"):
         guard.on_before_backward(trainer, module, loss)
+
+
+def test_an_accumulation_of_its_own_is_refused_before_a_step_trains(tiny_data, tmp_path):
+    from conftest import TINY, one_line, run_cli
+
+    scheduler = ["+callbacks.acc._target_=pytorch_lightning.callbacks.GradientAccumulationScheduler",
+                 "+callbacks.acc.scheduling={0:4}"]  # fmt: skip
+    for extra in ([], ["batch.max_per_device=8"]):  # Lightning's own refusal of the pair was a traceback
+        line = one_line(run_cli([*TINY, *scheduler, *extra], tmp_path / "run", tiny_data))
+        assert "callbacks.acc accumulates by epoch (a GradientAccumulationScheduler) where the plan sets" in line
+        assert not (tmp_path / "run").exists()
+
+
+def test_an_accumulation_a_module_sets_itself_is_refused_before_a_step_trains(tiny_data, tmp_path):
+    from conftest import TINY, one_line, run_cli
+
+    (tmp_path / "selfacc.py").write_text(
+        "from pytorch_lightning.callbacks import GradientAccumulationScheduler\n"
+        "from hydralight.tasks.classifier import Classifier\n\n\n"
+        "class SelfAccumulating(Classifier):\n"
+        "    def configure_callbacks(self):\n"
+        "        return [GradientAccumulationScheduler({0: 4})]\n"
+    )
+    args = [*TINY, "model._target_=selfacc.SelfAccumulating"]
+    line = one_line(run_cli(args, tmp_path / "run", tiny_data, cwd=tmp_path, PYTHONPATH=str(tmp_path)))
+    assert "4 batches an optimizer step (a GradientAccumulationScheduler) where the plan sets" in line
+    assert not (tmp_path / "run").exists()

@@ -239,14 +239,20 @@ class Classifier(pl.LightningModule):
         lr = self.hparams["lr"]
         spec = self.hparams["optimizer"] or ADAM
         with _refused_as("optim.optimizer", spec):
-            optimizer = instantiate(spec)(self.parameters(), lr=lr)
+            optimizer = _factory(spec)(self.parameters(), lr=lr)
         if not self.hparams["scheduler"]:
             return optimizer
         total = int(self.trainer.estimated_stepping_batches)
         with _refused_as("optim.scheduler", self.hparams["scheduler"], total):
-            factory = instantiate(self.hparams["scheduler"])
+            factory = _factory(self.hparams["scheduler"])
             scheduler = factory(optimizer, **run_length_kwargs(factory, lr, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _factory(spec: Any) -> Any:
+    """The optimizer or scheduler factory of a `_partial_` config, or the config already built (a subclass
+    named by `model._target_` is built recursively, as a user's module is)."""
+    return spec if callable(spec) else instantiate(spec)
 
 
 @contextlib.contextmanager

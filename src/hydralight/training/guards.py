@@ -96,19 +96,36 @@ class ObjectiveLogged(pl.Callback):
         return {}
 
 
+def accumulation_refused(what: str) -> UserError:
+    """An accumulation other than the plan's (Lightning's GradientAccumulationScheduler): refused, as a
+    `trainer.accumulate_grad_batches` is, before a step trains."""
+    refused = UserError(
+        f"{what} (a GradientAccumulationScheduler) where the plan sets the accumulation: the global batch would "
+        "not be batch.global_size; drop it, and accumulate with batch.max_per_device (or batch.accumulation)"
+    )
+    refused.before_any_result = True
+    return refused
+
+
 class PlannedBatch(pl.Callback):
     """Measures the first training batch each rank really gets and refuses, in one line before that step
     trains, one that is not the plan's per-device batch (a data module that divides or ignores `batch_size`);
-    each rank's measurement goes into its rank record (`ranks/rank<N>.json`, `train_batch_size`)."""
+    each rank's measurement goes into its rank record (`ranks/rank<N>.json`, `train_batch_size`). Refuses as
+    well an accumulation that is not the plan's (Lightning's GradientAccumulationScheduler sets its own)."""
 
-    def __init__(self, per_device_size: int, rank_record: Callable[[int], Path] | None = None) -> None:
+    def __init__(
+        self, per_device_size: int, rank_record: Callable[[int], Path] | None = None, accumulation: int = 1
+    ) -> None:
         self.per_device_size = per_device_size
         self.rank_record = rank_record
+        self.accumulation = accumulation
         self.measured: int | None = None
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if trainer.accumulate_grad_batches != self.accumulation:  # set by a module's configure_callbacks
+            raise accumulation_refused(f"{trainer.accumulate_grad_batches} batches an optimizer step")
         if self.measured is not None:
             return
         try:

@@ -17,7 +17,13 @@ from lightning_fabric.plugins.environments import (
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
-from pytorch_lightning.callbacks import Callback, Checkpoint, ModelCheckpoint, WeightAveraging
+from pytorch_lightning.callbacks import (
+    Callback,
+    Checkpoint,
+    GradientAccumulationScheduler,
+    ModelCheckpoint,
+    WeightAveraging,
+)
 from pytorch_lightning.loggers import Logger
 from pytorch_lightning.strategies import Strategy
 
@@ -29,7 +35,7 @@ from hydralight.rundir.launch import external_launcher, is_rank_zero
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import AtomicCheckpointIO
 from hydralight.training.epochs import EpochOfLastStep, LoggedAtItsStep
-from hydralight.training.guards import FiniteLoss, ObjectiveLogged, PlannedBatch
+from hydralight.training.guards import FiniteLoss, ObjectiveLogged, PlannedBatch, accumulation_refused
 from hydralight.training.invariance import (
     EpochValuesOverRanks,
     InvarianceCheck,
@@ -54,7 +60,7 @@ def build_callbacks(plan: RunPlan, module: pl.LightningModule, into: dict[str, A
         FiniteLoss(str(RunDir.at(plan.paths.run_dir).last), lr_key="optim.lr" if "lr" in module.hparams else None),
         # Only a module with keyed dropout needs keys: Lightning calls every callback at every hook of every step.
         *([SampleKeys(plan.seed)] if has_sample_dropout(module) else []),
-        PlannedBatch(plan.task.per_device_size, RunDir.at(plan.paths.run_dir).rank_record),
+        PlannedBatch(plan.task.per_device_size, RunDir.at(plan.paths.run_dir).rank_record, plan.task.accumulation),
         StepMetricsAtValidation(),
         EpochValuesOverRanks(),
         EpochOfLastStep(),
@@ -78,6 +84,8 @@ def configured_callbacks(plan: RunPlan, validates: bool) -> list[Callback]:
     for name, spec in plan.callbacks.items():
         target = import_target(str(spec.get("_target_")), f"callbacks.{name}._target_")
         callback = instantiate(spec, **bind(target, spec, offered, f"callbacks.{name}"))
+        if isinstance(callback, GradientAccumulationScheduler):
+            raise accumulation_refused(f"callbacks.{name} accumulates by epoch")
         if isinstance(callback, ModelCheckpoint) and callback.monitor and not validates:
             log.info(
                 f"no best checkpoint by {callback.monitor}: the module has no validation step "
