@@ -1536,3 +1536,35 @@ def test_values_logged_for_the_epoch_are_synced_when_asked_after_they_were_logge
     trainer.fit(Logs())
     assert ("v", True) in Sync.seen and all(name == "v" for name, _ in Sync.seen), hook.moved(f"{Sync.seen}")
     assert trainer.callback_metrics["v"] == 0.0, hook.moved(f"the epoch's value is {trainer.callback_metrics['v']}")
+
+
+def test_the_names_a_validation_logged_are_told_apart_from_training_s(tmp_path: Path) -> None:
+    from hydralight.lightning_internals import logged_names
+
+    hook = Hook(
+        "pytorch_lightning",
+        "trainer._results[...].meta.forked_name",
+        "lightning_internals.py, training/guards.py",
+        "refusing an objective that validation does not log (a training metric is in callback_metrics too)",
+    )
+
+    class Logs(Tiny):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            self.log("t", torch.tensor(1.0))
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("v", torch.tensor(float(batch_idx)))
+            self.log("both", torch.tensor(1.0), on_step=True, on_epoch=True)
+
+    class Names(pl.Callback):
+        seen: list[set[str]] = []
+
+        def on_validation_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if not trainer.sanity_checking:
+                self.seen.append(logged_names(trainer))
+
+    trainer = tiny_trainer(tmp_path, max_epochs=1, max_steps=-1, limit_train_batches=1, callbacks=[Names()])
+    trainer.fit(Logs())
+    assert "t" in trainer.callback_metrics, hook.moved(f"{sorted(trainer.callback_metrics)}")
+    assert Names.seen == [{"v", "both_step", "both_epoch"}], hook.moved(f"{Names.seen}")

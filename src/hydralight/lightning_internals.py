@@ -166,6 +166,16 @@ def sync_epoch_values(trainer: pl.Trainer) -> list[Any]:
     return changed
 
 
+def logged_names(trainer: pl.Trainer) -> set[str]:
+    """The names of the values the running loop logged (a value logged per step and per epoch under both of its
+    names): what validation measured, told apart from what training logged. The loop's results
+    (`trainer._results`) have no public accessor; `callback_metrics` mixes both."""
+    names = set()
+    for metric in (trainer._results or {}).values():
+        names.update({metric.meta.forked_name(True), metric.meta.forked_name(False)})
+    return names
+
+
 def unsync(changed: list[Any]) -> None:
     """The values `sync_epoch_values` changed, as they were logged."""
     for sync in changed:

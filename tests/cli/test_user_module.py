@@ -86,7 +86,12 @@ def test_a_user_module_continues_after_a_stop_and_a_larger_budget_and_refuses_ot
         (["model._target_=my_tasks.nowhere.Module"], "model._target_=my_tasks.nowhere.Module cannot be imported"),
         (
             ["objective.metric=val/mae"],
-            "objective.metric=val/mae is not logged in validation by Regressor (it logs val/mse)",
+            "objective.metric=val/mae is not logged in validation by Regressor; it logs val/mse there",
+        ),
+        (  # what training logs is no objective: the best checkpoint and a sweep choose by validation
+            ["objective.metric=train/mse", "objective.direction=min"],
+            "objective.metric=train/mse is not logged in validation by Regressor (it is logged in training); it "
+            "logs val/mse there",
         ),
         (["+data.shuffle=true"], "data.shuffle is not an argument of RegressionData"),
         (["model.hidden=-3"], "my_tasks.regression.Regressor could not be built from its config: RuntimeError: "),

@@ -17,6 +17,7 @@ import torch
 from pytorch_lightning.utilities.data import extract_batch_size
 
 from hydralight.errors import UserError
+from hydralight.lightning_internals import logged_names
 from hydralight.training.console import say
 
 log = logging.getLogger(__name__)
@@ -65,16 +66,17 @@ class ObjectiveLogged(pl.Callback):
         if self.checked or trainer.sanity_checking:
             return
         self.checked = True
-        if self.metric in trainer.callback_metrics:
+        logged = logged_names(trainer)  # in this validation: a value training logged is no objective
+        if self.metric in logged:
             return
-        logged = sorted(k for k in trainer.callback_metrics if not k.startswith(("train", "lr-")))
         if not logged:  # a validation that logs nothing (Lightning's BoringModel): no objective, said once
             self._train_without_objective(trainer, pl_module)
             return
-        shown = ", ".join(logged)
+        where = " (it is logged in training)" if self.metric in trainer.callback_metrics else ""
         refused = UserError(
-            f"objective.metric={self.metric} is not logged in validation by {type(pl_module).__name__} (it logs "
-            f"{shown}); set objective.metric to one of them (objective.direction=min for a loss)"
+            f"objective.metric={self.metric} is not logged in validation by {type(pl_module).__name__}{where}; it "
+            f"logs {', '.join(sorted(logged))} there: set objective.metric to one of them (objective.direction=min "
+            "for a loss)"
         )
         refused.before_any_result = True  # a new run leaves no run dir
         raise refused
