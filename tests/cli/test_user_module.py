@@ -3,6 +3,7 @@ the folder the run starts from, written without any part of hydralight) through 
 they are, judged by their own validation metric, continued, refused in one line where they cannot run."""
 
 import json
+import re
 import signal
 
 import pytest
@@ -365,3 +366,95 @@ def test_a_subclass_of_the_built_in_classifier_trains_with_its_optimizer_and_sch
     result = run_cli(args, tmp_path / "run", tiny_data, cwd=tmp_path, PYTHONPATH=str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Sub(MLP)" in result.stdout
+
+
+OWN_RATE = """
+import pytorch_lightning as pl
+import torch
+
+
+class OwnRate(pl.LightningModule):
+    def __init__(self, lr: float = 0.007):
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = torch.nn.Linear(784, 10)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+"""
+
+
+def test_a_module_s_own_learning_rate_is_the_one_recorded_and_a_scaling_rule_alone_is_refused(tmp_path):
+    (tmp_path / "own_rate.py").write_text(OWN_RATE)
+    env = {"cwd": tmp_path, "PYTHONPATH": str(tmp_path)}
+    base = ["hardware=cpu", "model._target_=own_rate.OwnRate", "batch.global_size=256", "plan=true"]
+    planned = run_cli(base, tmp_path / "run", **env)
+    assert planned.returncode == 0 and "0.007 (the module's own)" in planned.stdout, planned.stderr[-2000:]
+    # A rule alone would scale optim.lr's default over the module's own rate.
+    line = one_line(run_cli([*base, "optim.lr_scaling=linear"], tmp_path / "run", **env))
+    assert "but OwnRate has a learning rate of its own (0.007)" in line
+    assert "give the rate to scale: optim.lr=0.007 optim.lr_scaling=linear" in line
+    scaled = run_cli([*base, "optim.lr=0.007", "optim.lr_scaling=linear"], tmp_path / "run", **env)
+    assert scaled.returncode == 0 and re.search(r"│ lr +│ 0\.014 +│", scaled.stdout), scaled.stdout[-3000:]
+
+
+BUILDS_ITS_OPTIMIZER = """
+import pytorch_lightning as pl
+import torch
+
+
+class BuildsItsOptimizer(pl.LightningModule):
+    def __init__(self, optimizer, scheduler=None):
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        self.layer = torch.nn.Linear(784, 10)
+
+    def configure_optimizers(self):
+        return self.hparams.optimizer(params=self.parameters())
+"""
+
+
+def test_a_module_that_builds_the_plan_s_optimizer_gets_the_plan_s_rate_in_it(tmp_path):
+    # lightning-hydra-template's way: `optimizer` is a partial the module calls; it takes no lr of its own.
+    (tmp_path / "builds.py").write_text(BUILDS_ITS_OPTIMIZER)
+    env = {"cwd": tmp_path, "PYTHONPATH": str(tmp_path)}
+    base = ["hardware=cpu", "model._target_=builds.BuildsItsOptimizer", "optim=sgd", "plan=true"]
+    # optim=sgd's cosine schedule needs the run's length, which the module is not given: one line, not a traceback.
+    line = one_line(run_cli(base, tmp_path / "run", **env))
+    assert "optim.scheduler (CosineAnnealingLR) needs T_max" in line and "optim.scheduler=null" in line
+    for extra, rate in (([], "0.05"), (["optim.lr=0.2"], "0.2")):  # sgd's rate, or the one given: not torch's
+        planned = run_cli([*base, "optim.scheduler=null", *extra], tmp_path / "run", **env)
+        assert planned.returncode == 0, planned.stderr[-2000:]
+        assert re.search(rf"│ lr +│ {rate} +│", planned.stdout), planned.stdout[-3000:]
+
+
+def test_the_rate_inside_the_plan_s_optimizer_is_the_one_it_trains_with(tiny_data, tmp_path):
+    (tmp_path / "builds.py").write_text(BUILDS_TRAINS)
+    args = [*TINY, "model._target_=builds.BuildsItsOptimizer", "optim=sgd", "optim.scheduler=null"]
+    result = run_cli(args, tmp_path / "run", tiny_data, cwd=tmp_path, PYTHONPATH=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "ranks" / "rank0.json").read_text())["lr"] == 0.05 * 32 / 128
+
+
+BUILDS_TRAINS = """
+import pytorch_lightning as pl
+import torch
+
+
+class BuildsItsOptimizer(pl.LightningModule):
+    def __init__(self, optimizer, scheduler=None):
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/acc", (self.net(x).argmax(1) == y).float().mean())
+
+    def configure_optimizers(self):
+        return self.hparams.optimizer(params=self.parameters())
+"""

@@ -318,3 +318,18 @@ def test_a_continued_run_is_written_into_its_own_dir_alone(tiny_data, tmp_path):
     assert not other.exists() and results(run)["global_step"] == 6
     assert {name: data for name, data in files(run).items() if name.startswith(".hydra/")} == record
     assert (run / "train.log").read_text().startswith(logged) and len((run / "train.log").read_text()) > len(logged)
+
+
+def test_eval_of_a_run_dir_tests_its_best_checkpoint_in_a_run_dir_of_its_own(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli(TINY, run, tiny_data))
+    before = files(run)
+    evaluated = tmp_path / "eval"
+    ok(run_cli([*TINY, "mode=eval", f"resume={run}"], evaluated, tiny_data))
+    assert results(evaluated)["metrics"]["test/acc"] == results(run)["metrics"]["test/acc"]
+    assert files(run) == before  # the run it read is left as it was
+    both = one_line(run_cli([*TINY, "mode=eval", f"resume={run}", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"],
+                            tmp_path / "both", tiny_data))  # fmt: skip
+    assert "both name the checkpoint to test; keep one" in both
+    into = one_line(run_cli([*TINY, "mode=eval", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"], run, tiny_data))
+    assert "mode=eval writes into a new run dir" in into and files(run) == before

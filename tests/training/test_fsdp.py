@@ -217,3 +217,36 @@ def test_a_fixed_schedule_stretched_on_n_processes_is_one_line_before_training(s
     assert "follows a OneCycleLR schedule of 4 steps and this run would take 8" in line
     assert refused.stderr.count("error: ") == 1 and "Traceback" not in refused.stderr
     assert ((run / "results.json").read_bytes(), (run / "checkpoints" / "last.ckpt").read_bytes()) == before
+
+
+BUFFERS = """
+import pytorch_lightning as pl
+import torch
+
+
+class Buffers(pl.Callback):
+    def __init__(self, run_dir):
+        self.run_dir = run_dir
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            saved = {name: b.detach().cpu().clone() for name, b in pl_module.named_buffers()}
+            torch.save(saved, f"{self.run_dir}/buffers-{trainer.global_step}-{trainer.global_rank}.pt")
+"""
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_evaluate_with_the_batchnorm_statistics_the_checkpoint_holds(tiny_data, tmp_path):
+    # Each rank's BatchNorm statistics follow its own batches under FSDP; the checkpoint holds rank 0's.
+    (tmp_path / "buffers.py").write_text(BUFFERS)
+    run = tmp_path / "run"
+    args = [*FSDP2, "model=fastcnn", "trainer.limit_train_batches=null", "trainer.max_steps=8",
+            "trainer.val_check_interval=4", "+callbacks.buffers._target_=buffers.Buffers"]  # fmt: skip
+    ok(run_cli(args, run, tiny_data, PYTHONPATH=str(tmp_path)))
+    for step in (4, 8):
+        zero, one = (torch.load(run / f"buffers-{step}-{rank}.pt") for rank in (0, 1))
+        stats = [name for name in zero if name.endswith("running_var")]
+        assert stats and all(not torch.equal(zero[name], torch.ones_like(zero[name])) for name in stats)
+        assert all(torch.equal(zero[name], one[name]) for name in zero), step
+    saved = last(run)["state_dict"]
+    assert all(torch.equal(saved[name], value) for name, value in torch.load(run / "buffers-8-0.pt").items())

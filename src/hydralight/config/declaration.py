@@ -25,6 +25,7 @@ class ModuleDeclaration:
     target: Any = None  # the class, when it could be imported here
     lr_from_plan: bool = False
     lr_required: bool = False
+    own_lr: float | None = None  # the default of its `lr` argument
     how_it_runs: tuple[str, ...] = ()
 
     @classmethod
@@ -42,6 +43,7 @@ class ModuleDeclaration:
             target=target,
             lr_from_plan=bool(getattr(target, "lr_from_plan", False)),
             lr_required=lr is not None and lr.default is inspect.Parameter.empty,
+            own_lr=float(lr.default) if lr is not None and isinstance(lr.default, int | float) else None,
             how_it_runs=tuple(getattr(target, "how_it_runs", ())),
         )
 

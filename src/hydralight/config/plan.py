@@ -88,9 +88,9 @@ class TaskPlan:
     per_device_size: int
     accumulation: int
     eval_size: int
-    base_lr: float
+    base_lr: float | None  # None: the module decides its own rate, under a name the plan cannot read
     lr_scaling: str
-    lr: float
+    lr: float | None
     num_workers: int
     pin_memory: bool
     persistent_workers: bool
@@ -111,6 +111,11 @@ class ModelPlan:
     # For messages: the model option chosen (model=cnn), and a `_target_` the command line replaced in it.
     option: str | None = None
     replaced: str | None = None
+
+    @property
+    def lr_offered(self) -> bool:
+        """Whether the module gets the plan's learning rate (as `lr`, or inside the optimizer it is offered)."""
+        return "lr" in self.offered or "lr" in (self.offered.get("optimizer") or {})
 
 
 @dataclass(frozen=True)
@@ -220,6 +225,8 @@ class RunPlan:
             for layer, part in (("hardware", self.hardware), ("framework", self.framework), ("task", self.task))
             for key, value in asdict(part).items()
         ]
+        if not self.model.lr_offered:  # the module keeps its own learning rate
+            rows = [(layer, key, f"{value} (the module's own)" if key == "lr" else value) for layer, key, value in rows]
         if self.framework.strategy == "fsdp":
             rows.append(("framework", "state per device", self.state_per_device()))
         resume = self.resume.continue_from or self.resume.init_from or "-"

@@ -8,12 +8,13 @@ machine (GPUs that are not there) by `check_plan`.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,9 @@ def resolve(cfg: DictConfig | dict[str, Any], machine: Machine, job: JobInfo) ->
     hw, fw, task = resources(c, machine)
     paths = PathsPlan(run_dir=run_dir, sweep_dir=job.sweep_dir, job_name=job.job_name, overrides=list(job.overrides))
     model, data = _model(c, task, job), _data(c, task, job)
+    if not model.lr_offered:  # the module's own rate stands: the plan records it, when it can be told
+        own = _module_lr(model.spec)
+        task = replace(task, base_lr=own, lr_scaling="none", lr=own)
     # The records hold what is built: the arguments of a replaced option (`model._target_=my.Module`) that the new
     # module does not take are not in them.
     for group, spec in (("model", model.spec), ("data", data.spec)):
@@ -123,9 +127,10 @@ def _check_starting_points(c: DictConfig) -> None:
         if c.get("init_from") is not None:
             uses = "tests" if c.mode == "eval" else "predicts with"
             raise UserError(f"mode={c.mode} {uses} ckpt_path; init_from would be ignored: drop it")
-        if c.mode == "predict" and c.ckpt_path and _run_dir_given(c):
+        if c.ckpt_path and _run_dir_given(c):
+            uses = "test" if c.mode == "eval" else "predict with"
             raise UserError(
-                f"ckpt_path={c.ckpt_path} and resume={c.resume} both name the checkpoint to predict with; keep one"
+                f"ckpt_path={c.ckpt_path} and resume={c.resume} both name the checkpoint to {uses}; keep one"
             )
     elif c.get("init_from") is not None and c.get("ckpt_path") is not None:
         raise UserError(
@@ -143,11 +148,10 @@ def _check_top_level(c: DictConfig) -> None:
         raise UserError(f"seed={seed} must be an integer from 0 to 2**32-1; use e.g. seed=42")
     if c.mode not in ("train", "eval", "predict"):
         raise UserError(f"mode={c.mode} is not a mode; use mode=train, mode=eval or mode=predict")
-    if c.mode == "eval" and not c.ckpt_path:
-        raise UserError("mode=eval needs the checkpoint to test: add ckpt_path=PATH/TO/file.ckpt")
-    if c.mode == "predict" and not c.ckpt_path and not _run_dir_given(c):
+    if c.mode in ("eval", "predict") and not c.ckpt_path and not _run_dir_given(c):
+        uses = "test" if c.mode == "eval" else "predict with"
         raise UserError(
-            "mode=predict needs the checkpoint to predict with: add ckpt_path=PATH/TO/file.ckpt, or resume=RUN_DIR "
+            f"mode={c.mode} needs the checkpoint to {uses}: add ckpt_path=PATH/TO/file.ckpt, or resume=RUN_DIR "
             "(that run's best checkpoint)"
         )
     source = (c.get("predict") or {}).get("source")
@@ -470,16 +474,25 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
     offered: dict[str, Any] = {"seed": int(c.seed)}
     if declared.lr_from_plan or declared.lr_required or _lr_chosen(c, job):
         offered["lr"] = task.lr  # else a module's own default learning rate stands
+        own = declared.own_lr
+        if own is not None and not declared.lr_from_plan and not _lr_chosen(c, job, ("lr",)) and own != task.base_lr:
+            # Only a rule was chosen: it would scale optim.lr's default, silently replacing the module's own rate.
+            raise UserError(
+                f"optim.lr_scaling={task.lr_scaling} scales optim.lr ({task.base_lr:g}), but "
+                f"{declared.target.__name__} has a learning rate of its own ({own:g}), which it would replace; "
+                f"give the rate to scale: optim.lr={own:g} optim.lr_scaling={task.lr_scaling}"
+            )
     for key in ("optimizer", "scheduler"):
         if optim.get(key) is not None:
             offered[key] = OmegaConf.to_container(optim[key])
+    injected = _lr_into_optimizer(spec, offered, declared, task)
     # What the command line set for the plan must reach the module, or be refused: never silently ignored.
     explicit = {}
     for value, keys, groups in (("lr", ("optim.lr", "optim.lr_scaling"), ()),
                                 ("optimizer", ("optim.optimizer",), ("optim",)),
                                 ("scheduler", ("optim.scheduler",), ("optim",))):  # fmt: skip
         item = _overridden(job, *keys, groups=groups)
-        if item is not None and (value != "scheduler" or "scheduler" in offered):
+        if item is not None and (value != "scheduler" or "scheduler" in offered) and not (value == "lr" and injected):
             explicit[value] = item
     nested = [f"model.{key}._target_" for key, value in spec.items() if isinstance(value, dict) and "_target_" in value]
     replaced = _override_key(_overridden(job, "model._target_", *nested))
@@ -496,17 +509,61 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
     )
 
 
-def _lr_chosen(c: DictConfig, job: JobInfo) -> bool:
-    """Whether this run chose a learning rate: on the command line (a sweep's and a search trial's values are
-    overrides too), or in a preset that changed the optim option's own (experiment=charlm)."""
-    if _overridden(job, "optim.lr", "optim.lr_scaling", groups=("optim",)) is not None:
+def _lr_into_optimizer(
+    spec: dict[str, Any], offered: dict[str, Any], declared: ModuleDeclaration, task: TaskPlan
+) -> bool:
+    """A module of your own that takes the plan's optimizer (a `_partial_` config it calls with its parameters)
+    and no `lr` gets the plan's rate inside that optimizer, where torch's default would stand in unseen; a
+    scheduler that needs the run's length, which only the built-in modules fill in, is refused. True: the rate
+    went in."""
+    from hydralight.config.binding import accepted_arguments, import_target
+
+    if declared.target is None or declared.lr_from_plan:
+        return False
+    names, _ = accepted_arguments(declared.target)
+    scheduler = offered.get("scheduler")
+    if "scheduler" in names and "scheduler" not in spec and isinstance(scheduler, dict) and "_target_" in scheduler:
+        factory = import_target(str(scheduler["_target_"]), "optim.scheduler._target_")
+        params = inspect.signature(factory).parameters
+        missing = [k for k in ("T_max", "total_steps", "max_lr") if k in params and k not in scheduler
+                   and params[k].default is inspect.Parameter.empty]  # fmt: skip
+        if missing:
+            raise UserError(
+                f"optim.scheduler ({factory.__name__}) needs {', '.join(missing)}, which the run fills in only for "
+                f"the built-in modules; {declared.target.__name__} builds its schedule itself: give "
+                f"{' '.join(f'optim.scheduler.{k}=...' for k in missing)}, or optim.scheduler=null"
+            )
+    optimizer = offered.get("optimizer")
+    if "lr" in names or "optimizer" not in names or "optimizer" in spec or not isinstance(optimizer, dict):
+        return False
+    if "lr" not in optimizer:
+        offered["optimizer"] = {**optimizer, "lr": task.lr}
+    return True
+
+
+def _module_lr(spec: dict[str, Any]) -> float | None:
+    """The learning rate a module keeps when the plan offers none: its config's `lr`, its optimizer config's
+    (`optimizer: {_partial_: true, lr: ...}`, as lightning-hydra-template writes it) or its constructor's
+    default; None when it cannot be told (a rate under another name)."""
+    optimizer = spec.get("optimizer")
+    for value in (spec.get("lr"), optimizer.get("lr") if isinstance(optimizer, dict) else None):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return ModuleDeclaration.of(spec).own_lr
+
+
+def _lr_chosen(c: DictConfig, job: JobInfo, keys: tuple[str, ...] = ("lr", "lr_scaling")) -> bool:
+    """Whether this run chose a learning rate (`keys`: a rate or a scaling rule): on the command line (a sweep's
+    and a search trial's values are overrides too), or in a preset that changed the optim option's own
+    (experiment=charlm)."""
+    if _overridden(job, *(f"optim.{key}" for key in keys), groups=("optim",)) is not None:
         return True
     option = job.choices.get("optim")
     shipped = SHIPPED_CONF / "optim" / f"{option}.yaml"
     if not option or not shipped.is_file():
         return True  # an option of the user's own: its learning rate is a choice
-    own = yaml.safe_load(shipped.read_text()) or {}
-    return c.optim.get("lr") != own.get("lr") or c.optim.get("lr_scaling", "none") != own.get("lr_scaling", "none")
+    own = {"lr_scaling": "none", **(yaml.safe_load(shipped.read_text()) or {})}
+    return any(c.optim.get(key, own.get(key)) != own.get(key) for key in keys)
 
 
 def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo, group: str) -> dict[str, Any]:
@@ -616,8 +673,8 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
     """The config to run and its run dir: with `resume=RUN_DIR`, that run's saved config, where the command
     line may only extend training (any other override that contradicts it is refused, naming each key)."""
     run_dir = str(job.run_dir or (config.get("paths") or {}).get("output_dir") or ".")
-    if config.get("resume") in ("auto", "never", None) or config.get("mode") == "predict":
-        return config, run_dir  # mode=predict reads an earlier run's checkpoint, never its config (see _resume)
+    if config.get("resume") in ("auto", "never", None) or config.get("mode") in ("eval", "predict"):
+        return config, run_dir  # mode=eval/predict read an earlier run's checkpoint, never its config (see _resume)
     earlier = RunDir.at(str(config["resume"]))
     if not earlier.config.is_file():
         raise UserError(
@@ -709,15 +766,15 @@ def _resume(c: DictConfig, config: dict[str, Any], run_dir: str) -> ResumePlan:
         problem = not_a_checkpoint_file(path)
         if problem is not None and Path(path).exists():  # a missing file is the machine check's (check_plan)
             raise UserError(f"{key}={path} {problem}")
-    if c.mode == "eval":
-        return ResumePlan(mode="eval", policy=policy, ckpt_path=ckpt_path)
-    if c.mode == "predict":  # into a new run dir: never continuing one, never writing into the run it reads
+    if c.mode in ("eval", "predict"):  # into a new run dir: never continuing one, never writing into the run it reads
         if RunDir.at(run_dir).config.is_file():
             raise UserError(
-                f"mode=predict writes into a new run dir, but {run_dir} holds a run already; leave hydra.run.dir "
+                f"mode={c.mode} writes into a new run dir, but {run_dir} holds a run already; leave hydra.run.dir "
                 "out, or name a new dir"
             )
-        return ResumePlan(mode="predict", policy="never", ckpt_path=ckpt_path or _checkpoint_of_run(policy))
+        if c.mode == "eval" and not _run_dir_given(c):
+            return ResumePlan(mode="eval", policy=policy, ckpt_path=ckpt_path)
+        return ResumePlan(mode=str(c.mode), policy="never", ckpt_path=ckpt_path or _checkpoint_of_run(policy))
     if uses_own:
         continue_from, is_own = str(own), True
     else:

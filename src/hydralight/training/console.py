@@ -154,9 +154,9 @@ def plan_line(plan: RunPlan, model: nn.Module) -> str:
     )
     params = sum(p.numel() for p in model.parameters())
     hparams = getattr(model, "hparams", {})
-    lr = hparams.get("lr") if "lr" in hparams else None
+    lr = hparams.get("lr") if "lr" in hparams else (plan.model.offered.get("optimizer") or {}).get("lr")
     # Where it came from: the plan (optim.lr, scaled with the batch) or, for a module of your own, its default.
-    own = " (the module's own)" if lr is not None and "lr" not in plan.model.offered else ""
+    own = " (the module's own)" if lr is not None and not plan.model.lr_offered else ""
     rate = f", lr {lr:g}{own}" if isinstance(lr, int | float) else ""
     import pytorch_lightning as pl
     from pytorch_lightning.utilities.model_helpers import is_overridden

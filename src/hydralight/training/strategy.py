@@ -164,6 +164,29 @@ class JobFSDPStrategy(PlannedRanksModelParallel):
                 raise
             raise SystemExit(2) from None  # every rank finds the same names wrong: rank 0 says it, once
 
+    def _rank_zero_buffers(self) -> None:
+        """FSDP keeps each rank's buffers (BatchNorm's running statistics) as that rank's batches left them,
+        where DDP gives every rank rank 0's before each forward. Before an evaluation every rank takes rank 0's,
+        which the checkpoint holds: the scores are the saved model's, and the ranks agree, as under DDP."""
+        module = self.lightning_module
+        if module is None or self.world_size == 1:
+            return
+        for buffer in module.buffers():
+            if type(buffer) is torch.Tensor:  # a sharded one (a DTensor) is left as it is
+                torch.distributed.broadcast(buffer.data, src=0)
+
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        self._rank_zero_buffers()
+
+    def on_test_start(self) -> None:
+        super().on_test_start()
+        self._rank_zero_buffers()
+
+    def on_predict_start(self) -> None:
+        super().on_predict_start()
+        self._rank_zero_buffers()
+
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().optimizer_step(*args, **kwargs)
         if not self.measured:  # after the first step, when the optimizer has made its state
