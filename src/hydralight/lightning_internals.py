@@ -202,7 +202,9 @@ def mid_epoch(checkpoint: dict[str, Any]) -> bool:
     if not fit:
         return False
     batches = fit["epoch_loop.batch_progress"]
-    return batches["current"]["completed"] > 0 and not batches["is_last_batch"]
+    # `processed`: a checkpoint saved after a step and before Lightning counts it completed (every save but the
+    # one at an epoch's end) has one batch more processed than completed; after an epoch's first, none completed.
+    return batches["current"]["processed"] > 0 and not batches["is_last_batch"]
 
 
 def record_loop_state(checkpoint: dict[str, Any], form: str, global_step: int) -> None:
@@ -234,6 +236,11 @@ def record_loop_state(checkpoint: dict[str, Any], form: str, global_step: int) -
     elif form == "epoch start":
         batches["current"] = dict.fromkeys(batches["current"], 0)
         batches["is_last_batch"] = False
+        total = batches["total"]
+        if total["processed"] == total["completed"] + 1:
+            # Saved after a step (every save but an epoch's last): restarting, Lightning counts that batch completed
+            # in the epoch (`_TrainingEpochLoop.reset`), which would then end one batch short.
+            batches["current"]["completed"] = -1
     else:
         raise ValueError(f"unknown loop state form {form!r}")
 

@@ -60,13 +60,15 @@ def test_a_user_module_continues_after_a_stop_and_a_larger_budget_and_refuses_ot
     stop = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=5"]
     first = user_run([*REGRESSION, *stop], run, PYTHONPATH=f"{PROJECT}:{HELPERS}")
     assert first.returncode == 128 + signal.SIGTERM, first.stderr[-2000:]
+    taken = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 0 < taken < 16
     ok(user_run(REGRESSION, run))  # the same command: continues from its own checkpoint
-    # Its loader keeps no position inside an epoch: the stopped epoch starts over, its 5 steps stay taken.
+    # Its loader keeps no position inside an epoch: the stopped epoch starts over, whole; its steps stay taken.
     found = results(run)
-    assert found["global_step"] == 3 * 16 + 5 and found["epochs"] == 3, found
+    assert found["global_step"] == 3 * 16 + taken and found["epochs"] == 3, found
     assert "start of the epoch" in found["resumed_at"]
     ok(user_run([*REGRESSION, "trainer.max_epochs=4"], run))
-    assert results(run)["global_step"] == 4 * 16 + 5
+    assert results(run)["global_step"] == 4 * 16 + taken
     # Another architecture is refused, naming the key; a new learning rate (no schedule) is applied.
     line = one_line(user_run([*REGRESSION, "trainer.max_epochs=5", "model.hidden=64"], run))
     assert "model.hidden differs" in line and "(32, now 64)" in line and "init_from=" in line
@@ -74,6 +76,17 @@ def test_a_user_module_continues_after_a_stop_and_a_larger_budget_and_refuses_ot
     assert "learning rate 0.001 -> 0.003: applied to the restored optimizer" in applied.stderr + applied.stdout
     steps = [int(r["step"]) for r in csv_rows(run) if "val/mse" in r]
     assert steps == sorted(set(steps)) and len(steps) == 5  # one validation per epoch, each once
+
+
+@pytest.mark.slow
+def test_a_user_loader_stopped_after_the_first_batch_of_an_epoch_starts_that_epoch_over_and_says_so(tmp_path):
+    # 16 steps an epoch: a step budget of 17 stops one batch into the second epoch.
+    run = tmp_path / "run"
+    ok(user_run([*REGRESSION, "trainer.max_steps=17"], run))
+    assert results(run)["global_step"] == 17
+    ok(user_run(REGRESSION, run))
+    found = results(run)
+    assert found["global_step"] == 3 * 16 + 1 and "start of the epoch" in found["resumed_at"], found
 
 
 @pytest.mark.parametrize(
