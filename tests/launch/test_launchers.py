@@ -151,3 +151,23 @@ def test_a_slurm_sweep_from_a_host_without_slurm_is_one_line_and_leaves_nothing(
     assert len(lines) == 1 and "srun, sbatch" in lines[0] and "plan=true" in lines[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not sweep_dir.exists() and not (tmp_path / "submitit").exists()
+
+
+@pytest.mark.parametrize(
+    ("minutes", "warning_s", "said"),
+    [
+        (-5, 60, "cluster.timeout_min=-5 is no time limit"),  # SLURM reads a negative one as years
+        (0, 60, "cluster.timeout_min=0 is no time limit"),  # and 0 as none
+        (1, 60, "cluster.timeout_min=1 ends before its warning"),  # stopped as it starts, requeued forever
+        (5, -1, "cluster.signal_delay_s=-1 must be whole seconds >= 0"),
+    ],
+)
+def test_a_time_limit_slurm_cannot_keep_is_one_line_before_anything_is_written(minutes, warning_s, said, tmp_path):
+    from conftest import one_line
+
+    sweep_dir = tmp_path / "sweep"
+    line = one_line(run_cli(["-m", "hydra/launcher=slurm", "hardware=1gpu", "seed=1,2", "hydra.launcher.dry_run=true",
+                             f"cluster.timeout_min={minutes}", f"cluster.signal_delay_s={warning_s}",
+                             f"hydra.sweep.dir={sweep_dir}", f"hydra.launcher.submitit_folder={tmp_path / 's'}"],
+                            tmp_path))  # fmt: skip
+    assert said in line and not sweep_dir.exists() and not (tmp_path / "s").exists()

@@ -333,3 +333,15 @@ def test_eval_of_a_run_dir_tests_its_best_checkpoint_in_a_run_dir_of_its_own(tin
     assert "both name the checkpoint to test; keep one" in both
     into = one_line(run_cli([*TINY, "mode=eval", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"], run, tiny_data))
     assert "mode=eval writes into a new run dir" in into and files(run) == before
+
+
+@pytest.mark.parametrize(("signum", "code"), [("SIGINT", 130), ("SIGUSR1", 143), ("SIGUSR2", 143)])
+def test_a_stop_or_warning_signal_saves_and_exits_with_its_code(signum, code, tiny_data, tmp_path):
+    # SIGUSR1 is Lightning's warning signal (a user's --signal=USR1@90): it killed the run unsaved. Outside a
+    # SLURM job a warning cannot requeue, so the run stops as SIGTERM stops it; Ctrl-C exits 130, as shells expect.
+    run = tmp_path / "run"
+    stop = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=3",
+            f"+callbacks.zz_signal.signum={signum}"]  # fmt: skip
+    result = run_cli([*BASE, "trainer.max_steps=8", *stop], run, tiny_data, PYTHONPATH=str(HELPERS))
+    assert result.returncode == code, (result.stdout[-2000:], result.stderr[-2000:])
+    assert last(run)["global_step"] == 4 and not (run / "results.json").exists()  # saved at the next step

@@ -13,6 +13,8 @@ import contextlib
 import logging
 import os
 import re
+import signal
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -188,6 +190,23 @@ def job_resources(cfg: DictConfig, executor: str) -> dict[str, Any]:
     return hardware.slurm_resources(one_task=True)
 
 
+def check_time_limit(minutes: Any, warning_s: Any) -> None:
+    """A job's time limit SLURM can hold, with room before its warning signal (`signal_delay_s` ahead of the
+    limit): `--time=0` is no limit to SLURM and a negative one years; a warning at the start requeues forever."""
+    if isinstance(minutes, bool) or not isinstance(minutes, int) or minutes < 1:
+        raise UserError(f"cluster.timeout_min={minutes} is no time limit: give whole minutes >= 1")
+    if warning_s is None:
+        return
+    if isinstance(warning_s, bool) or not isinstance(warning_s, int) or warning_s < 0:
+        raise UserError(f"cluster.signal_delay_s={warning_s} must be whole seconds >= 0")
+    if minutes * 60 <= warning_s:
+        raise UserError(
+            f"cluster.timeout_min={minutes} ends before its warning, sent cluster.signal_delay_s={warning_s} s ahead: "
+            f"every job would be stopped as it starts; give cluster.timeout_min above {warning_s // 60} or a smaller "
+            "cluster.signal_delay_s"
+        )
+
+
 def script_writer(folder: str, executor: str, max_num_timeout: int) -> Any:
     """submitit's executor of that kind, made to write job scripts only (the SLURM one would otherwise look
     for `srun` on this host)."""
@@ -257,6 +276,11 @@ class PlannedLauncherMixin:
         if self._EXECUTOR == "slurm" and not params.get("setup"):
             # A list-valued interpolation cannot sit in the launcher's typed config; read it here.
             params["setup"] = list(self.config.get("cluster", {}).get("setup") or []) or None
+        try:
+            check_time_limit(params.get("timeout_min"), params.get("signal_delay_s"))
+        except UserError:
+            discard_refused_sweep(self.config)
+            raise
         dry_run = params.pop("dry_run", False)
         folder = params.pop("submitit_folder")
         max_num_timeout = params.pop("max_num_timeout", 0)
@@ -333,7 +357,13 @@ class PlannedLauncherMixin:
                 )
         self._record_jobs(sweep_dir, arguments, jobs)
         log.info(f"Waiting for {len(jobs)} job(s); job logs in {folder.replace('%j', '<job id>')}")
-        return self._wait(jobs, sweep_dir, initial_job_idx)
+        try:
+            return self._wait(jobs, sweep_dir, initial_job_idx)
+        except KeyboardInterrupt:  # the jobs are the scheduler's: they run on, and the sweep dir gathers them
+            running = " the jobs run on (squeue; scancel to stop them);" if self._EXECUTOR == "slurm" else ""
+            where = f"where they stand: python -m hydralight.report {sweep_dir}"
+            print(f"\nstopped waiting;{running} {where}", file=sys.stderr, flush=True)
+            raise SystemExit(128 + signal.SIGINT) from None
 
     def _plans_here(
         self, configs: list[DictConfig], first: int, groups: dict[tuple[tuple[str, Any], ...], list[int]]

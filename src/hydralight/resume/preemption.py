@@ -39,18 +39,20 @@ class Preemption(Callback):
     """Checkpoint-and-exit on SIGTERM/SIGINT, checkpoint-requeue-and-exit on the SLURM warning signal.
 
     `requeue_signal` is what the job was told to expect before its time limit or preemption
-    (submitit asks SLURM for SIGUSR2 `signal_delay_s` seconds ahead). `max_requeues` bounds the
+    (submitit asks SLURM for SIGUSR2 `signal_delay_s` seconds ahead); SIGUSR1, Lightning's, is taken as one
+    too (a `--signal=USR1@90` of the user's would otherwise kill the job unsaved). `max_requeues` bounds the
     requeues of one job (SLURM counts them in SLURM_RESTART_COUNT).
     """
 
     def __init__(self, run_dir: str, requeue_signal: str = "SIGUSR2", max_requeues: int = 3) -> None:
         self.checkpoint_path = RunDir.at(run_dir).last
-        self.requeue_signal = signal.Signals[requeue_signal]
+        self.requeue_signals = {signal.Signals[requeue_signal], signal.SIGUSR1, signal.SIGUSR2}
         self.max_requeues = max_requeues
         self.requested = NONE
         self._previous: dict[signal.Signals, Any] = {}
         self._sigints = 0
         self._held: signal.Signals | None = None  # a stop signal received and not acted on yet
+        self._stopped_by = signal.SIGTERM  # the stop signal this rank received: its exit code is 128 + it
 
     # Signal side: record only.
     def _handler(self, signum: int, frame: FrameType | None) -> None:
@@ -58,15 +60,15 @@ class Preemption(Callback):
             self._sigints += 1
             if self._sigints > 1:  # a second Ctrl-C means now
                 raise KeyboardInterrupt
-        if signum != self.requeue_signal:
-            self._held = signal.Signals(signum)
-        wanted = REQUEUE if signum == self.requeue_signal else STOP
+        if signum not in self.requeue_signals:
+            self._held = self._stopped_by = signal.Signals(signum)
+        wanted = REQUEUE if signum in self.requeue_signals else STOP
         self.requested = max(self.requested, wanted)
         log.warning(f"received {signal.Signals(signum).name}: checkpointing at the next step boundary")
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Runs after Lightning (and submitit) installed theirs: from here this callback owns them.
-        for signum in (signal.SIGTERM, signal.SIGINT, self.requeue_signal):
+        for signum in (signal.SIGTERM, signal.SIGINT, *sorted(self.requeue_signals)):
             self._previous[signum] = signal.signal(signum, self._handler)
         agreement(trainer).register("signal", lambda: self.requested)  # the strongest request over ranks
 
@@ -112,7 +114,7 @@ class Preemption(Callback):
         if trainer.is_global_zero:  # one line for the run, not one per rank
             what = "requeued" if requeued else "stopped"
             log.warning(f"checkpoint saved at step {trainer.global_step} to {self.checkpoint_path}; run {what}")
-        raise Interrupted(0 if requeued else 128 + signal.SIGTERM)
+        raise Interrupted(0 if requeued else 128 + self._stopped_by)
 
     def _requeue(self) -> bool:
         job = os.environ.get("SLURM_JOB_ID")
