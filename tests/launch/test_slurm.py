@@ -266,7 +266,10 @@ def test_a_failing_job_does_not_stop_a_slurm_sweep(cluster, tiny_data, tmp_path)
     assert "Traceback" not in output
     assert f"sweep {tmp_path / 'sweep'}: 1 of 2 jobs done, 1 failed (#0 failed: the loss is" in output
     assert (tmp_path / "sweep" / "1" / "results.json").is_file()
-    assert set(json.loads((tmp_path / "sweep" / "jobs.json").read_text())) == {"0", "1"}
+    submitted = json.loads((tmp_path / "sweep" / "jobs.json").read_text())
+    assert set(submitted) == {"0", "1"}
+    # SLURM's accounting (sacct, mail on failure) says so too: the job's process ended with an error.
+    assert [final_state(submitted[n]["job_id"]) for n in ("0", "1")] == ["FAILED", "COMPLETED"]
 
 
 def test_a_job_killed_on_its_node_is_failed_in_its_manifest_and_the_sweep_says_where_jobs_stand(

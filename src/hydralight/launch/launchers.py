@@ -167,6 +167,10 @@ class _Board:
             self.live.stop()
 
 
+class JobFailed(Exception):
+    """Raised at the end of a job's process that was refused or crashed (the job itself said why)."""
+
+
 def _mark_ended(run_dir: RunDir, reason: str) -> None:
     """A job's manifest that still says running once its job is gone: failed, with why."""
     manifest = read_json(run_dir.manifest)
@@ -259,13 +263,19 @@ class PlannedLauncherMixin:
         with open_dict(sweep_config.hydra):
             sweep_config.hydra.job.id = submitit.JobEnvironment().job_id
             sweep_config.hydra.job.num = job_num
-        return run_job(
+        returned = run_job(
             hydra_context=self.hydra_context,
             task_function=self.task_function,
             config=sweep_config,
             job_dir_key=job_dir_key,
             job_subdir_key="hydra.sweep.subdir",
         )
+        # A job refused or crashed ends its process with an error, so the scheduler's accounting (sacct, mail on
+        # failure) says FAILED; its manifest says why.
+        manifest = read_json(RunDir(Path(str(sweep_config.hydra.runtime.output_dir))).manifest) or {}
+        if manifest.get("status") == "failed":
+            raise JobFailed(manifest.get("error") or "failed")
+        return returned
 
     @exit_on_user_error
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
@@ -416,12 +426,14 @@ class PlannedLauncherMixin:
                             failed = (read_json(RunDir(job_dir).manifest) or {}).get("status") == "failed"
                             state = "FAILED" if failed else "COMPLETED"
                         except Exception as err:  # killed, cancelled, out of time, crashed: the others still count
-                            reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
-                            log.error(f"{name}: {self._EXECUTOR} job {job.job_id} ended {job.state}: {reason}")
-                            _mark_ended(
-                                RunDir(job_dir), f"{self._EXECUTOR} job {job.job_id} ended {job.state}: {reason}"
-                            )
                             state = str(job.state)
+                            if (read_json(RunDir(job_dir).manifest) or {}).get("status") == "failed":
+                                state = "FAILED"  # refused or crashed in the job (JobFailed): its manifest says why
+                            else:
+                                reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
+                                ended = f"{self._EXECUTOR} job {job.job_id} ended {job.state}: {reason}"
+                                log.error(f"{name}: {ended}")
+                                _mark_ended(RunDir(job_dir), ended)
                         finally:
                             self._forget_pickles(job)
                         pending.discard(i)
