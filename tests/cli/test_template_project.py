@@ -126,3 +126,18 @@ def test_a_template_search_preset_is_refused_naming_this_project_s_keys_and_runs
     assert renamed.returncode == 0, renamed.stderr[-3000:]
     assert "2 of 2 trials done" in renamed.stdout + renamed.stderr
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+
+
+@pytest.mark.parametrize(
+    ("typo", "said"),
+    [
+        ("+model.optimizer.lrr=0.1", "model.optimizer.lrr is not an argument of Adam (it takes amsgrad, betas"),
+        ("+model.scheduler.patiense=3", "model.scheduler.patiense is not an argument of ReduceLROnPlateau"),
+    ],
+)
+def test_a_misspelt_argument_of_the_template_s_optimizer_or_scheduler_is_one_line(typo, said, tmp_path):
+    # Partial configs the module calls itself in configure_optimizers: a traceback from its own code before.
+    from conftest import one_line
+
+    line = one_line(run_cli([*ARGS, typo, "plan=true"], tmp_path / "run", cwd=PROJECT, PYTHONPATH=str(PROJECT)))
+    assert said in line and not (tmp_path / "run").exists()

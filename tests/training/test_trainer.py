@@ -52,3 +52,38 @@ def test_a_taken_master_port_from_the_shell_is_replaced_in_one_line(monkeypatch,
 
     with pytest.raises(UserError, match="MASTER_PORT='abc' in the environment is no port"):
         cluster_environment(2)
+
+
+MANUAL = """
+import pytorch_lightning as pl
+import torch
+
+
+class Manual(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.layer = torch.nn.Linear(784, 10)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.layer(x.flatten(1)), y)
+        self.optimizers().zero_grad()
+        self.manual_backward(loss)
+        self.optimizers().step()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+"""
+
+
+def test_what_manual_optimization_cannot_take_is_named_by_the_user_s_own_keys(tiny_data, tmp_path):
+    (tmp_path / "manual.py").write_text(MANUAL)
+    args = [*TINY, "model._target_=manual.Manual"]
+    for extra, said in (
+        ("batch.max_per_device=8", "cannot accumulate the plan's 4 micro-batches a step: give batch.max_per_device"),
+        ("trainer.gradient_clip_val=1.0", "trainer.gradient_clip_val is not applied to a module with manual"),
+    ):
+        line = one_line(run_cli([*args, extra], tmp_path / "run", tiny_data, cwd=tmp_path, PYTHONPATH=str(tmp_path)))
+        assert said in line and "Trainer(" not in line, line
+        assert not (tmp_path / "run").exists()

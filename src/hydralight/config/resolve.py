@@ -486,6 +486,9 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
         if optim.get(key) is not None:
             offered[key] = OmegaConf.to_container(optim[key])
     injected = _lr_into_optimizer(spec, offered, declared, task)
+    for key, partial in [*((f"model.{k}", v) for k, v in spec.items()), *((f"optim.{k}", offered.get(k)) for k in
+                         ("optimizer", "scheduler"))]:  # fmt: skip
+        _check_partial(partial, key)
     # What the command line set for the plan must reach the module, or be refused: never silently ignored.
     explicit = {}
     for value, keys, groups in (("lr", ("optim.lr", "optim.lr_scaling"), ()),
@@ -507,6 +510,15 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
         option=job.choices.get("model"),
         replaced=replaced,
     )
+
+
+def _check_partial(spec: Any, key: str) -> None:
+    """A `_partial_: true` config (an optimizer the module calls with its parameters) is built only when the
+    module calls it, in its own code: a misspelt or unknown argument is refused here, in one line, instead."""
+    from hydralight.config.binding import bind, import_target
+
+    if isinstance(spec, dict) and spec.get("_partial_") is True and "_target_" in spec:
+        bind(import_target(str(spec["_target_"]), f"{key}._target_"), spec, {}, key)
 
 
 def _lr_into_optimizer(

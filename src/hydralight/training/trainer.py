@@ -170,7 +170,20 @@ def lightning_refusals(accumulation: int = 1) -> Iterator[None]:
     try:
         yield
     except MisconfigurationException as err:
-        raise UserError(f"Lightning refuses this run's settings: {_first_line(err)}") from None
+        said = _first_line(err)
+        # Lightning names its own Trainer arguments; these the plan set from the user's keys.
+        if "manual optimization" in said and "accumulate_grad_batches" in said:
+            said = (
+                f"a module with manual optimization cannot accumulate the plan's {accumulation} micro-batches a "
+                "step: give batch.max_per_device at least the per-device share of batch.global_size (or "
+                "batch.accumulation=1)"
+            )
+        elif "manual optimization" in said and "gradient_clip" in said:
+            said = (
+                "trainer.gradient_clip_val is not applied to a module with manual optimization: drop it, and clip "
+                "in its training_step (self.clip_gradients)"
+            )
+        raise UserError(f"Lightning refuses this run's settings: {said}") from None
     except ProcessRaisedException as err:  # a ddp_spawn rank's error, in its parent: a refusal stays one line
         refused = [line for line in str(err).splitlines() if line.startswith(SPAWNED_REFUSAL)]
         if refused:
