@@ -80,7 +80,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
         prediction_results,
         prepare_prediction,
     )
-    from hydralight.training.records import FitEnd, Throughput, result_line, run_results
+    from hydralight.training.records import FitEnd, Throughput, result_line, run_results, stopped_by
     from hydralight.training.strategy import build_strategy, job_scope
     from hydralight.training.trainer import build_callbacks, build_trainer, lightning_refusals
 
@@ -153,7 +153,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
                 trainer.fit(module, datamodule=data, ckpt_path=resume.ckpt_path, weights_only=True)
         # 4. Test the best checkpoint.
         metrics = fit_end.metrics(trainer) if plan.resume.mode == "train" else dict(trainer.callback_metrics)
-        best, tested = resume.to_test(trainer), {}
+        best, tested, stopped = resume.to_test(trainer), {}, stopped_by(trainer)  # before the test reloads callbacks
         if tests(module, data):
             with testing():
                 trainer.test(module, datamodule=data, ckpt_path=best, verbose=False, weights_only=True)
@@ -162,7 +162,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
         # 5. Record: results.json, the manifest, one line.
         results = run_results(
             trainer, metrics, tested, best, plan.objective,
-            throughput.samples_per_second(trainer, record.extra.get("fit_seconds")),
+            throughput.samples_per_second(trainer, record.extra.get("fit_seconds")), stopped,
         )  # fmt: skip
         record.finish(results)
         if trainer.is_global_zero:

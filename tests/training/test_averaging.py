@@ -79,8 +79,12 @@ def test_early_stopping_stops_on_the_objective_and_keeps_counting_after_a_stop(t
     args = [*BASE, "trainer.max_epochs=6", "callbacks=[default,early_stopping]",
             "callbacks.early_stopping.patience=2", "callbacks.early_stopping.min_delta=10"]  # fmt: skip
     plain, stopped = tmp_path / "plain", tmp_path / "stopped"
-    ok(run_cli(args, plain, tiny_data))
+    said = run_cli(args, plain, tiny_data)
+    ok(said)
     assert (results(plain)["epochs"], results(plain)["global_step"]) == (3, 45)
+    # What ended it is recorded and said, as a budget that ends a run is.
+    assert results(plain)["stopped_by"] == {"budget": "early stopping on val/acc", "before": ["trainer.max_epochs=6"]}
+    assert "stopped by early stopping on val/acc at step 45, before trainer.max_epochs=6" in said.stdout
     stopped_and_continued(args, stopped, tiny_data)
     assert (results(stopped)["epochs"], results(stopped)["global_step"]) == (3, 45)
     state = checkpoint(stopped / "checkpoints" / "last.ckpt")["callbacks"]

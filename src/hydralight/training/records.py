@@ -168,17 +168,23 @@ def objective_value(trainer: pl.Trainer, metrics: dict[str, float], metric: str)
 
 
 def stopped_by(trainer: pl.Trainer) -> dict[str, Any] | None:
-    """Which step or epoch budget ended training, and those given that it ended before (None when one budget
-    alone was given, or none was reached: an early stop, a time limit)."""
+    """What ended training: early stopping, or a step or epoch budget, and the budgets given that it ended before
+    (None when one budget alone was given and reached, or none was: a time limit)."""
+    from pytorch_lightning.callbacks.early_stopping import EarlyStoppingReason
+
     budgets = {
         "trainer.max_steps": (trainer.max_steps, trainer.global_step),
         "trainer.max_epochs": (trainer.max_epochs, trainer.current_epoch),
     }
     given = {key: (limit, done) for key, (limit, done) in budgets.items() if limit not in (None, -1)}
+    before = [f"{k}={limit}" for k, (limit, done) in given.items() if done < limit]
+    for early in trainer.early_stopping_callbacks:
+        if getattr(early, "stopping_reason", EarlyStoppingReason.NOT_STOPPED) != EarlyStoppingReason.NOT_STOPPED:
+            return {"budget": f"early stopping on {early.monitor}", "before": before}
     reached = [f"{key}={limit}" for key, (limit, done) in given.items() if done >= limit]
     if not reached or len(given) < 2:
         return None
-    return {"budget": reached[0], "before": [f"{k}={limit}" for k, (limit, done) in given.items() if done < limit]}
+    return {"budget": reached[0], "before": before}
 
 
 def run_results(
@@ -188,10 +194,12 @@ def run_results(
     best: str | None,
     objective: ObjectivePlan,
     samples_per_second: float | None,
+    stopped: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """results.json of a finished run: epochs, steps, every final metric, the objective (the best
     validation value of `objective.metric`: what a sweeper may tune on, never a test metric), samples/s.
-    `tested`: what the test stage logged, under the module's own names (test/acc, test_loss, a log_dict's)."""
+    `tested`: what the test stage logged, under the module's own names (test/acc, test_loss, a log_dict's);
+    `stopped`: what ended training (`stopped_by`, read before the test)."""
     tested = {k: float(v) for k, v in tested.items()}
     metrics = {**{k: float(v) for k, v in metrics.items()}, **tested}
     # The objective's test counterpart, kept at the top level where earlier results had it (test/acc); only
@@ -211,7 +219,7 @@ def run_results(
             "value": objective_value(trainer, metrics, objective.metric),
         },
         "samples_per_second": samples_per_second,
-        "stopped_by": stopped_by(trainer),
+        "stopped_by": stopped,
     }
 
 
