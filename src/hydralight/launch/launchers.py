@@ -167,6 +167,19 @@ class _Board:
             self.live.stop()
 
 
+def _remove_written(folder: Path, before: set[Path] | None) -> None:
+    """What a refused submission wrote in `folder` (its jobs' pickles and scripts): removed, and `folder`
+    itself when it was not there before (`before` None); what was there before stays."""
+    if not folder.is_dir():
+        return
+    for path in sorted(set(folder.rglob("*")) - (before or set()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+    if before is None:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 class JobFailed(Exception):
     """Raised at the end of a job's process that was refused or crashed (the job itself said why)."""
 
@@ -349,6 +362,8 @@ class PlannedLauncherMixin:
             submissions = [(request, [i], tuple(next(devices))) for request, indices in groups.items() for i in indices]
         # The jobs' pickles hold references to the secrets of the command line, never their values.
         share_secrets(secret_values())
+        scripts = Path(folder.split("%j", 1)[0])  # where submitit writes each job's pickle and script
+        written_before = set(scripts.rglob("*")) if scripts.is_dir() else None
         for request, indices, gpus in submissions:
             executor.update_parameters(**base, **dict(request))
             if gpus:
@@ -358,6 +373,9 @@ class PlannedLauncherMixin:
             try:
                 submitted = executor.map_array(SealedJob(), [Sealed((self, arguments[i])) for i in indices])
             except Exception as err:  # sbatch said no: bad partition, resources the cluster does not have
+                if all(job is None for job in jobs):  # nothing runs: what this sweep wrote goes
+                    _remove_written(scripts, written_before)
+                    discard_refused_sweep(self.config)
                 asked = ", ".join(f"{k}={v}" for k, v in request if v is not None)
                 raise UserError(f"SLURM refused the job ({asked}): {sbatch_refusal(err)}") from None
             for i, job in zip(indices, submitted, strict=True):
