@@ -137,6 +137,15 @@ def test_a_sharded_checkpoint_is_a_folder_of_shards_tested_in_the_run_and_not_co
     assert results(run)["metrics"]["test/samples"] == 200  # the best checkpoint, a folder too, was tested
     line = one_line(run_cli([*FSDP2, "strategy.checkpoint=sharded", "trainer.max_epochs=2"], run, tiny_data))
     assert "is a sharded checkpoint (strategy.checkpoint=sharded), which a run cannot continue from" in line
+    # Nor can an evaluation or a prediction read it: said as such, not as a folder given for a file.
+    for args in (
+        ["mode=eval", f"ckpt_path={folder}"],
+        ["mode=eval", f"resume={run}"],
+        ["mode=predict", f"resume={run}"],
+    ):
+        said = one_line(run_cli([*TINY, *args], tmp_path / "other", tiny_data))
+        assert "is a sharded checkpoint (a folder of per-rank shards, strategy.checkpoint=sharded)" in said, args
+        assert "strategy.checkpoint=full" in said and not (tmp_path / "other").exists()
 
 
 def state_megabytes(run: Path) -> tuple[list[float], float]:

@@ -821,6 +821,8 @@ def _checkpoint_of_run(run_dir: str) -> str:
         # A run dir copied or moved keeps its checkpoints inside: the recorded path may point at the original.
         if path and (inside := earlier.checkpoints / Path(path).name).is_file():
             return str(inside)
+        if path and (problem := not_a_checkpoint_file(inside)) and inside.is_dir():
+            raise UserError(f"resume={run_dir}: its checkpoint {inside} {problem}")
     raise UserError(
         f"resume={run_dir} holds no checkpoint ({earlier.checkpoints} is empty or missing); pass ckpt_path=FILE"
     )

@@ -123,6 +123,11 @@ def not_a_checkpoint_file(path: str | Path) -> str | None:
     path = Path(path)
     if path.is_file():
         return None
+    if path.is_dir() and any(path.glob("*.distcp")):
+        return (
+            "is a sharded checkpoint (a folder of per-rank shards, strategy.checkpoint=sharded), which only the run "
+            "that wrote it reads; train with strategy.checkpoint=full for one file that any run can read"
+        )
     if path.is_dir():
         inside = path / CHECKPOINTS / LAST if (path / CHECKPOINTS / LAST).is_file() else path / LAST
         hint = f" (a run dir's is {inside})" if inside.is_file() else ""
