@@ -297,3 +297,23 @@ def test_a_job_killed_on_its_node_is_failed_in_its_manifest_and_the_sweep_says_w
     assert re.search(rf"#0 \({job_id}\): (RUNNING|FAILED)", output) and re.search(r"#1 \(\d+_\d+\): COMPLETED", output)
     assert "UNKNOWN" not in output
     assert f"sweep {tmp_path / 'sweep'}: 1 of 2 jobs done, 1 failed" in output
+
+
+def test_a_finished_sweep_run_again_submits_only_what_is_left_to_run(cluster, tiny_data, tmp_path):
+    args = [*TINY, "trainer.limit_train_batches=null", "trainer.max_steps=3"]
+    sweep_dir = tmp_path / "sweep"
+    code, output = sweep([*args, "seed=1,2"], sweep_dir, tiny_data)
+    assert code == 0, output[-3000:]
+    before = {str(p.relative_to(sweep_dir)): p.read_bytes() for p in sorted(sweep_dir.rglob("*")) if p.is_file()}
+    # The same command: each job says it finished; nothing is submitted and no file changes.
+    code, output = sweep([*args, "seed=1,2"], sweep_dir, tiny_data)
+    assert code == 0 and output.count(": already finished: test/acc=") == 2, output[-3000:]
+    assert "slurm job " not in output and f"sweep {sweep_dir}: 2 of 2 jobs done" in output
+    after = {str(p.relative_to(sweep_dir)): p.read_bytes() for p in sorted(sweep_dir.rglob("*")) if p.is_file()}
+    assert after == before
+    # One more seed: only its job is submitted.
+    code, output = sweep([*args, "seed=1,2,3"], sweep_dir, tiny_data)
+    assert code == 0 and output.count(": already finished: test/acc=") == 2, output[-3000:]
+    assert set(json.loads((sweep_dir / "jobs.json").read_text())) == {"0", "1", "2"}
+    assert len(job_ids(output)) == 1 and (sweep_dir / "2" / "results.json").is_file()
+    assert f"sweep {sweep_dir}: 3 of 3 jobs done" in output

@@ -207,6 +207,39 @@ def job_resources(cfg: DictConfig, executor: str) -> dict[str, Any]:
     return hardware.slurm_resources(one_task=True)
 
 
+def already_finished(cfg: DictConfig, number: int) -> str | None:
+    """The result line of job `number` when its dir holds this very job, finished (the sweep run again): its
+    own process would only say so. None when it is to run (or its plan says why it cannot, as its job will)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from hydralight.config.plan import Machine
+    from hydralight.config.resolve import JobInfo, resolve
+    from hydralight.training.records import result_line
+
+    cfg = cfg.copy()
+    with open_dict(cfg.hydra):
+        cfg.hydra.job.num = number
+    job_dir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    if not RunDir(job_dir).results.is_file():
+        return None
+    with open_dict(cfg.hydra):  # as Hydra's run_job sets it for the job (its paths.* read it)
+        cfg.hydra.runtime.output_dir = str(job_dir.resolve())
+    choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if isinstance(v, str)}
+    job = JobInfo(str(job_dir), str(cfg.hydra.sweep.dir), overrides=list(cfg.hydra.overrides.task), choices=choices)
+    task = cfg.copy()
+    with open_dict(task):
+        del task["hydra"]
+    sweeps = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(cfg)
+    try:
+        finished = resolve(task, Machine(), job).resume.finished
+    except Exception:  # in doubt the job runs, and says itself what stops it
+        return None
+    finally:
+        HydraConfig.instance().cfg = sweeps
+    return None if finished is None else result_line(finished, str(job_dir))
+
+
 def check_time_limit(minutes: Any, warning_s: Any) -> None:
     """A job's time limit SLURM can hold, with room before its warning signal (`signal_delay_s` ahead of the
     limit): `--time=0` is no limit to SLURM and a negative one years; a warning at the start requeues forever."""
@@ -328,10 +361,14 @@ class PlannedLauncherMixin:
                     f"sweep job {idx} ({' '.join(filter_overrides(overrides))}): " if len(job_overrides) > 1 else ""
                 )
                 raise UserError(prefix + str(err)) from None
-            groups[tuple(sorted(resources.items()))].append(i)
+            # A job finished by an earlier run of this very sweep is not submitted again.
+            finished = None if job_cfg.get("plan") else already_finished(job_cfg, idx)
+            if finished is None:
+                groups[tuple(sorted(resources.items()))].append(i)
             state = Singleton.get_state()
             arguments.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", state, job_cfg))
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            done = f": already finished: {finished}" if finished is not None else ""
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}{done}")
 
         # A plan and a dry run only print or write: they need no SLURM commands on this host.
         if all(bool(cfg.get("plan")) for cfg in planned_only):
@@ -383,8 +420,11 @@ class PlannedLauncherMixin:
                 log.info(
                     f"#{initial_job_idx + i}: {self._EXECUTOR} job {job.job_id} -> {sweep_dir / str(initial_job_idx + i)}"
                 )
+        if not any(jobs):
+            return []  # every job finished before: nothing submitted, nothing to wait for
         self._record_jobs(sweep_dir, arguments, jobs)
-        log.info(f"Waiting for {len(jobs)} job(s); job logs in {folder.replace('%j', '<job id>')}")
+        waited = sum(job is not None for job in jobs)
+        log.info(f"Waiting for {waited} job(s); job logs in {folder.replace('%j', '<job id>')}")
         try:
             return self._wait(jobs, sweep_dir, initial_job_idx)
         except KeyboardInterrupt:  # the jobs are the scheduler's: they run on, and the sweep dir gathers them
@@ -428,7 +468,7 @@ class PlannedLauncherMixin:
         results: dict[int, JobReturn] = {}
         metric = OmegaConf.select(self.config, "objective.metric") if self.config is not None else None
         board = _Board([f"#{first + i}" for i in range(len(jobs))], metric)
-        pending = set(range(len(jobs)))
+        pending = {i for i, job in enumerate(jobs) if job is not None}  # None: finished before, not submitted
         last_said = time.monotonic()
         try:
             while pending:
@@ -479,7 +519,9 @@ class PlannedLauncherMixin:
     @staticmethod
     def _record_jobs(sweep_dir: Path, arguments: list, jobs: list) -> None:
         submitted = {
-            idx: (redact(overrides), job.job_id) for (overrides, _, idx, *_), job in zip(arguments, jobs, strict=True)
+            idx: (redact(overrides), job.job_id)
+            for (overrides, _, idx, *_), job in zip(arguments, jobs, strict=True)
+            if job is not None
         }
         record_submitted(sweep_dir, submitted)
 
