@@ -1567,4 +1567,4 @@ def test_the_names_a_validation_logged_are_told_apart_from_training_s(tmp_path: 
     trainer = tiny_trainer(tmp_path, max_epochs=1, max_steps=-1, limit_train_batches=1, callbacks=[Names()])
     trainer.fit(Logs())
     assert "t" in trainer.callback_metrics, hook.moved(f"{sorted(trainer.callback_metrics)}")
-    assert Names.seen == [{"v", "both_step", "both_epoch"}], hook.moved(f"{Names.seen}")
+    assert Names.seen == [{"v", "both", "both_step", "both_epoch"}], hook.moved(f"{Names.seen}")

@@ -167,12 +167,13 @@ def sync_epoch_values(trainer: pl.Trainer) -> list[Any]:
 
 
 def logged_names(trainer: pl.Trainer) -> set[str]:
-    """The names of the values the running loop logged (a value logged per step and per epoch under both of its
-    names): what validation measured, told apart from what training logged. The loop's results
+    """The names of the values the running loop logged (a value logged per step and per epoch under its name and
+    both forked ones): what validation measured, told apart from what training logged. The loop's results
     (`trainer._results`) have no public accessor; `callback_metrics` mixes both."""
     names = set()
     for metric in (trainer._results or {}).values():
-        names.update({metric.meta.forked_name(True), metric.meta.forked_name(False)})
+        meta = metric.meta
+        names.update({meta.name, meta.forked_name(True), meta.forked_name(False)})  # the plain name: the epoch's
     return names
 
 

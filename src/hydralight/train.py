@@ -255,6 +255,11 @@ def main(cfg: DictConfig) -> float | None:
                 # And its log (the refusal is on the console); a sweep's job keeps it unless earlier results stand.
                 if kept and not err.saved_something and (job.sweep_dir is None or (run_dir / RESULTS).is_file()):
                     take_back_log()
+            elif external_launcher() is not None and _named_by_launch(run_dir, cfg):
+                # Another rank of a torchrun or srun launch, whose Hydra made the dir the launch is named by
+                # after rank 0 removed it: empty, it goes too.
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()
             if job.sweep_dir is None:
                 raise
             # In a sweep the other jobs go on; the job's manifest says why it failed, the sweep's summary counts it.
@@ -288,6 +293,12 @@ def main(cfg: DictConfig) -> float | None:
             return None
         finally:
             restore_record(run_dir, refused=False)  # the job ended: what was kept for it goes
+
+
+def _named_by_launch(run_dir: Path, cfg: DictConfig) -> bool:
+    """Whether `run_dir` is the one a torchrun or srun launch is named by (`outputs/torchrun-<id>`)."""
+    named = launch_run_dir(cfg.resume, cfg.mode)
+    return named is not None and Path(named).resolve() == run_dir.resolve()
 
 
 def _ranks_asked(cfg: DictConfig, machine: Machine) -> tuple[str, int, int]:

@@ -141,3 +141,25 @@ def test_a_misspelt_argument_of_the_template_s_optimizer_or_scheduler_is_one_lin
 
     line = one_line(run_cli([*ARGS, typo, "plan=true"], tmp_path / "run", cwd=PROJECT, PYTHONPATH=str(PROJECT)))
     assert said in line and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_an_evaluation_limit_scores_the_same_samples_on_1_and_2_processes_with_the_template_s_loaders(
+    tiny_data, tmp_path
+):
+    # Its evaluation loaders use the per-device batch (half as large on 2 processes): Lightning's count of
+    # batches on each process then covers the samples of 1 process, and the plan leaves it so.
+    env = {"cwd": PROJECT, "PYTHONPATH": str(PROJECT)}
+    run = tmp_path / "run"
+    trained = run_cli([*ARGS, "batch.global_size=32", "trainer.max_steps=10"], run, tiny_data, **env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    ckpt = run / "checkpoints" / "last.ckpt"
+    scored = {}
+    for devices in (1, 2):
+        args = [*ARGS, "batch.global_size=32", "mode=eval", f"ckpt_path={ckpt}", "trainer.limit_test_batches=3",
+                f"hardware.devices={devices}", "strategy=ddp" if devices > 1 else "strategy=auto"]  # fmt: skip
+        done = run_cli(args, tmp_path / f"eval{devices}", tiny_data, **env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        scored[devices] = json.loads((tmp_path / f"eval{devices}" / "results.json").read_text())["test"]
+    assert scored[2]["test/acc"] == pytest.approx(scored[1]["test/acc"], abs=1e-6)
+    assert scored[2]["test/loss"] == pytest.approx(scored[1]["test/loss"], abs=1e-5)

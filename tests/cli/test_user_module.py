@@ -435,6 +435,7 @@ def test_a_module_that_builds_the_plan_s_optimizer_gets_the_plan_s_rate_in_it(tm
     # optim=sgd's cosine schedule needs the run's length, which the module is not given: one line, not a traceback.
     line = one_line(run_cli(base, tmp_path / "run", **env))
     assert "optim.scheduler (CosineAnnealingLR) needs T_max" in line and "optim.scheduler=null" in line
+    assert "give +optim.scheduler.T_max=..." in line  # the key as it can be given: the preset has none
     for extra, rate in (([], "0.05"), (["optim.lr=0.2"], "0.2")):  # sgd's rate, or the one given: not torch's
         planned = run_cli([*base, "optim.scheduler=null", *extra], tmp_path / "run", **env)
         assert planned.returncode == 0, planned.stderr[-2000:]

@@ -1,5 +1,6 @@
 """The run's guards in-process: a non-finite loss stops the step before its update."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -47,3 +48,37 @@ def test_an_accumulation_a_module_sets_itself_is_refused_before_a_step_trains(ti
     line = one_line(run_cli(args, tmp_path / "run", tiny_data, cwd=tmp_path, PYTHONPATH=str(tmp_path)))
     assert "4 batches an optimizer step (a GradientAccumulationScheduler) where the plan sets" in line
     assert not (tmp_path / "run").exists()
+
+
+ON_STEP = """
+import pytorch_lightning as pl
+import torch
+
+
+class OnStep(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(784, 10)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.layer(x.flatten(1)), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        acc = (self.layer(x.flatten(1)).argmax(1) == y).float().mean()
+        self.log("val/acc", acc, on_step=True, on_epoch=True)  # as val/acc, val/acc_step and val/acc_epoch
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+"""
+
+
+def test_an_objective_logged_per_step_and_per_epoch_in_validation_is_taken(tiny_data, tmp_path):
+    from conftest import TINY, run_cli
+
+    (tmp_path / "on_step.py").write_text(ON_STEP)
+    run = tmp_path / "run"
+    result = run_cli([*TINY, "model._target_=on_step.OnStep"], run, tiny_data, cwd=tmp_path, PYTHONPATH=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((run / "results.json").read_text())["objective"]["value"] is not None

@@ -108,3 +108,14 @@ def test_a_full_disk_while_the_history_is_written_leaves_whole_rows_and_names_th
         rows = list(csv.DictReader(f))
     assert logged > 10 and [int(r["step"]) for r in rows] == list(range(logged))
     assert all(float(r["train/loss"]) == (1.0 if i == 0 else 1.0 / 3 + i) for i, r in enumerate(rows))
+
+
+@pytest.mark.slow
+def test_a_fresh_start_in_a_run_dir_is_a_new_wandb_run(tiny_data, tmp_path):
+    # The same dir, training again from scratch (resume=never): another training, never appended to the first.
+    _, first = wandb_run(tiny_data, tmp_path)
+    _, again = wandb_run(tiny_data, tmp_path, "resume=never", "seed=7")
+    assert of_kind(first, "run")[0].run_id != of_kind(again, "run")[0].run_id
+    # Continued from its own checkpoint, it keeps its run.
+    _, continued = wandb_run(tiny_data, tmp_path, "seed=7", "trainer.max_epochs=2")
+    assert of_kind(continued, "run")[0].run_id == of_kind(again, "run")[0].run_id

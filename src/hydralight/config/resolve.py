@@ -101,7 +101,7 @@ def resolve(cfg: DictConfig | dict[str, Any], machine: Machine, job: JobInfo) ->
         task=task,
         model=model,
         data=data,
-        trainer=_trainer(c, hw, fw, task, run_dir),
+        trainer=_trainer(c, hw, fw, task, run_dir, _eval_batch_fixed(data.spec)),
         callbacks=_specs(c.get("callbacks")),
         loggers=_specs(c.get("logger")),
         paths=paths,
@@ -537,13 +537,13 @@ def _lr_into_optimizer(
     if "scheduler" in names and "scheduler" not in spec and isinstance(scheduler, dict) and "_target_" in scheduler:
         factory = import_target(str(scheduler["_target_"]), "optim.scheduler._target_")
         params = inspect.signature(factory).parameters
-        missing = [k for k in ("T_max", "total_steps", "max_lr") if k in params and k not in scheduler
-                   and params[k].default is inspect.Parameter.empty]  # fmt: skip
-        if missing:
+        # What the built-in modules fill in from the run (its steps, its rate); OneCycleLR needs both of its own.
+        filled = [k for k in ("T_max", "max_lr", "total_steps") if k in params and scheduler.get(k) is None]
+        if any(params[k].default is inspect.Parameter.empty for k in filled):
             raise UserError(
-                f"optim.scheduler ({factory.__name__}) needs {', '.join(missing)}, which the run fills in only for "
+                f"optim.scheduler ({factory.__name__}) needs {', '.join(filled)}, which the run fills in only for "
                 f"the built-in modules; {declared.target.__name__} builds its schedule itself: give "
-                f"{' '.join(f'optim.scheduler.{k}=...' for k in missing)}, or optim.scheduler=null"
+                f"{' '.join(f'+optim.scheduler.{k}=...' for k in filled)}, or optim.scheduler=null"
             )
     optimizer = offered.get("optimizer")
     if "lr" in names or "optimizer" not in names or "optimizer" in spec or not isinstance(optimizer, dict):
@@ -624,7 +624,9 @@ def _data(c: DictConfig, task: TaskPlan, job: JobInfo) -> DataPlan:
     return DataPlan(spec=spec, offered=offered, explicit=explicit)
 
 
-def _trainer(c: DictConfig, hw: HardwarePlan, fw: FrameworkPlan, task: TaskPlan, run_dir: str) -> dict[str, Any]:
+def _trainer(
+    c: DictConfig, hw: HardwarePlan, fw: FrameworkPlan, task: TaskPlan, run_dir: str, eval_batch_fixed: bool = True
+) -> dict[str, Any]:
     given: dict[str, Any] = OmegaConf.to_container(c.trainer)  # type: ignore[assignment]
     for key, owner in PLANNED.items():
         if given.get(key) is not None:
@@ -640,7 +642,7 @@ def _trainer(c: DictConfig, hw: HardwarePlan, fw: FrameworkPlan, task: TaskPlan,
         if isinstance(limit := options.get(key), int) and not isinstance(limit, bool):
             options[key] = limit * task.accumulation
     for key in ("limit_val_batches", "limit_test_batches", "limit_predict_batches"):
-        options.update(_evaluation_limit(key, options.get(key), hw.world_size))
+        options.update(_evaluation_limit(key, options.get(key), hw.world_size if eval_batch_fixed else 1))
     options.update(
         accelerator=hw.accelerator,
         devices=hw.devices,
@@ -655,9 +657,25 @@ def _trainer(c: DictConfig, hw: HardwarePlan, fw: FrameworkPlan, task: TaskPlan,
     return options
 
 
+def _eval_batch_fixed(spec: dict[str, Any]) -> bool:
+    """Whether the data's evaluation batch on each device is known to be the same on any number of processes:
+    a data module that takes `eval_size` (the project's samplers). Lightning's docs write evaluation loaders
+    with the per-device `batch_size` instead (1/N of the global batch on N processes), for which Lightning's
+    own count (N batches on each process) already scores the samples of 1 process; others are left to it."""
+    from hydralight.config.binding import accepted_arguments, import_target
+
+    try:
+        names, _ = accepted_arguments(import_target(str(spec.get("_target_")), "data._target_"))
+    except UserError:
+        return False  # refused in one line where the data module is built
+    return "eval_size" in names
+
+
 def _evaluation_limit(key: str, limit: Any, world: int) -> dict[str, Any]:
     """An evaluation limit of N batches scores the samples N batches hold on 1 process, however many there are:
-    Lightning counts each process's batches, so each takes N / world of them (rounded up, and said)."""
+    Lightning counts each process's batches, so where each process's evaluation batch is as large as 1 process's
+    (`world`: 1 where it shrinks with the number of processes) each takes N / world of them (rounded up, and
+    said)."""
     if not isinstance(limit, int) or isinstance(limit, bool) or world == 1:
         return {}
     share = -(-limit // world)

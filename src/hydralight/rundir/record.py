@@ -295,9 +295,14 @@ class RunRecord:
             self._before = FileSnapshot([run_dir.config, run_dir.plan, run_dir.manifest])
             self._ranks_before = FileSnapshot.of_folder(run_dir.rank_record(0).parent)
             self._checkpoints_before = self._checkpoints()
+            earlier = read_json(run_dir.manifest) or {}
             save_config(run_dir, config, plan)
             self._manifest = Manifest(run_dir, plan, machine, overrides)
             self._manifest.data["tags"] = list(config.get("tags") or [])
+            # Which training this is: kept while the run continues its own checkpoints, new when the dir starts
+            # afresh (a tracker's run follows it, never mixing two trainings of one dir).
+            continues = bool((plan.get("resume") or {}).get("own"))
+            self._manifest.data["lineage"] = earlier.get("lineage", "") if continues else now()
             self._manifest.write()
 
     @property

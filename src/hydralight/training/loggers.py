@@ -293,10 +293,11 @@ def _reason(err: object) -> str:
     return text.splitlines()[0][:200]
 
 
-def wandb_settings(spec: dict[str, Any], plan: RunPlan, mode: str) -> dict[str, Any]:
-    """One wandb run per job: stable id from the job dir (a requeued or resumed job continues it),
-    grouped by sweep, named by its overrides, tagged with the hardware, with deadlines for starting and
-    finishing it (the spec's `settings` win)."""
+def wandb_settings(spec: dict[str, Any], plan: RunPlan, mode: str, lineage: str = "") -> dict[str, Any]:
+    """One wandb run per training: an id from the job dir and its `lineage` (the manifest's: a requeued or
+    resumed job continues its run, a fresh start in the same dir gets a new one), grouped by sweep, named by
+    its overrides, tagged with the hardware, with deadlines for starting and finishing it (the spec's
+    `settings` win)."""
     import wandb
 
     hw, fw, paths = plan.hardware, plan.framework, plan.paths
@@ -310,7 +311,7 @@ def wandb_settings(spec: dict[str, Any], plan: RunPlan, mode: str) -> dict[str, 
         {
             **spec,
             "mode": mode,
-            "id": spec.get("id") or hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16],
+            "id": spec.get("id") or hashlib.sha1(f"{run_dir.resolve()}{lineage}".encode()).hexdigest()[:16],
             "resume": "allow",
             "group": spec.get("group") or (Path(paths.sweep_dir).name if paths.sweep_dir else None),
             "name": spec.get("name") or paths.job_name or run_dir.name,
@@ -331,7 +332,7 @@ def build_loggers(plan: RunPlan, manifest: dict[str, Any] | None = None) -> list
         if spec.get("_target_") == HISTORY_TARGET:
             continue  # always there
         if name == "wandb":
-            loggers.append(start_wandb_logger(spec, plan))
+            loggers.append(start_wandb_logger(spec, plan, (manifest or {}).get("lineage", "")))
             continue
         if name == "mlflow":
             loggers.append(start_mlflow_logger(spec, plan))
@@ -468,9 +469,10 @@ def _earlier_mlflow_run(uri: str, spec: dict[str, Any], run_dir: Path) -> str | 
     return found[0].info.run_id if found else None
 
 
-def start_wandb_logger(spec: dict[str, Any], plan: RunPlan) -> Logger:
-    """The wandb logger of `spec` with its run started. In `auto` mode a run that cannot start online (the
-    server answered the probe, then failed or went quiet) starts offline instead, said in one line."""
+def start_wandb_logger(spec: dict[str, Any], plan: RunPlan, lineage: str = "") -> Logger:
+    """The wandb logger of `spec` with its run started (`lineage`: see `wandb_settings`). In `auto` mode a run
+    that cannot start online (the server answered the probe, then failed or went quiet) starts offline
+    instead, said in one line."""
     import wandb
     from hydra.utils import instantiate
 
@@ -482,13 +484,13 @@ def start_wandb_logger(spec: dict[str, Any], plan: RunPlan) -> Logger:
     # The process's mode too, not only the run's: wandb's own telemetry follows the process's settings, and
     # would otherwise try the server when the process exits (10 s and more when it does not answer).
     wandb.setup(wandb.Settings(mode=known_wandb_mode(mode)))
-    logger = instantiate(wandb_settings(spec, plan, mode))
+    logger = instantiate(wandb_settings(spec, plan, mode, lineage))
     failure = _start(logger)
     if failure is not None and mode == "online" and explicit_wandb_mode(requested) is None:
         wandb.teardown()  # the failed run still holds its id in wandb's service process
         print(f"wandb: could not start an online run ({failure}); {OFFLINE_NOTE}", file=sys.stderr, flush=True)
         wandb.setup(wandb.Settings(mode="offline"))
-        logger = instantiate(wandb_settings(spec, plan, "offline"))
+        logger = instantiate(wandb_settings(spec, plan, "offline", lineage))
         failure = _start(logger)
     if failure is not None:
         raise UserError(
