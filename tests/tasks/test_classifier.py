@@ -9,8 +9,9 @@ from conftest import TINY, one_line, run_cli
     [
         (["+optim.optimizer.betas=[2,0.9]"], "optim.optimizer (Adam) refuses its config: Invalid beta parameter"),
         (["+optim.optimizer.betas=[0.9]"], "optim.optimizer (Adam) refuses its config: list index out of range; fix"),
-        (["+optim.optimizer.momentun=0.9"], "unexpected keyword argument 'momentun'; fix or remove that value"),
-        (["optim.optimizer._target_=torch.optim.Adamx"], "Error locating target 'torch.optim.Adamx'; fix"),
+        # Named before anything is built: the arguments the optimizer takes, the class that is not there.
+        (["+optim.optimizer.momentun=0.9"], "optim.optimizer.momentun is not an argument of Adam (it takes amsgrad"),
+        (["optim.optimizer._target_=torch.optim.Adamx"], "optim.optimizer._target_=torch.optim.Adamx cannot be imp"),
         (["optim=adam_onecycle", "+optim.scheduler.anneal_strategy=cosine"], "anneal_strategy must be one of"),
         # 4 steps with a quarter of them warming up: torch's OneCycleLR divides by the warm-up's length - 1.
         (["optim=adam_onecycle"], "(OneCycleLR) cannot schedule a run of 4 optimizer steps: one of its phases"),
