@@ -525,32 +525,43 @@ def _lr_into_optimizer(
     spec: dict[str, Any], offered: dict[str, Any], declared: ModuleDeclaration, task: TaskPlan
 ) -> bool:
     """A module of your own that takes the plan's optimizer (a `_partial_` config it calls with its parameters)
-    and no `lr` gets the plan's rate inside that optimizer, where torch's default would stand in unseen; a
-    scheduler that needs the run's length, which only the built-in modules fill in, is refused. True: the rate
-    went in."""
-    from hydralight.config.binding import accepted_arguments, import_target
+    and no `lr` gets the plan's rate inside that optimizer, where torch's default would stand in unseen. True:
+    the rate went in."""
+    from hydralight.config.binding import accepted_arguments
 
     if declared.target is None or declared.lr_from_plan:
         return False
     names, _ = accepted_arguments(declared.target)
-    scheduler = offered.get("scheduler")
-    if "scheduler" in names and "scheduler" not in spec and isinstance(scheduler, dict) and "_target_" in scheduler:
-        factory = import_target(str(scheduler["_target_"]), "optim.scheduler._target_")
-        params = inspect.signature(factory).parameters
-        # What the built-in modules fill in from the run (its steps, its rate); OneCycleLR needs both of its own.
-        filled = [k for k in ("T_max", "max_lr", "total_steps") if k in params and scheduler.get(k) is None]
-        if any(params[k].default is inspect.Parameter.empty for k in filled):
-            raise UserError(
-                f"optim.scheduler ({factory.__name__}) needs {', '.join(filled)}, which the run fills in only for "
-                f"the built-in modules; {declared.target.__name__} builds its schedule itself: give "
-                f"{' '.join(f'+optim.scheduler.{k}=...' for k in filled)}, or optim.scheduler=null"
-            )
+    _check_schedule_length(spec, offered.get("scheduler"), names, declared.target.__name__)
     optimizer = offered.get("optimizer")
     if "lr" in names or "optimizer" not in names or "optimizer" in spec or not isinstance(optimizer, dict):
         return False
     if "lr" not in optimizer:
         offered["optimizer"] = {**optimizer, "lr": task.lr}
     return True
+
+
+def _check_schedule_length(spec: dict[str, Any], scheduler: Any, names: set[str], module: str) -> None:
+    """The plan's scheduler, offered to a module of your own that builds its schedule itself, refused when it
+    needs what only the built-in modules fill in from the run (its steps, its rate; OneCycleLR both)."""
+    from hydralight.config.binding import import_target
+
+    if (
+        "scheduler" not in names
+        or "scheduler" in spec
+        or not isinstance(scheduler, dict)
+        or "_target_" not in scheduler
+    ):
+        return
+    factory = import_target(str(scheduler["_target_"]), "optim.scheduler._target_")
+    params = inspect.signature(factory).parameters
+    filled = [k for k in ("T_max", "max_lr", "total_steps") if k in params and scheduler.get(k) is None]
+    if any(params[k].default is inspect.Parameter.empty for k in filled):
+        raise UserError(
+            f"optim.scheduler ({factory.__name__}) needs {', '.join(filled)}, which the run fills in only for the "
+            f"built-in modules; {module} builds its schedule itself: give "
+            f"{' '.join(f'+optim.scheduler.{k}=...' for k in filled)}, or optim.scheduler=null"
+        )
 
 
 def _module_lr(spec: dict[str, Any]) -> float | None:
