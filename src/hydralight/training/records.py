@@ -32,7 +32,10 @@ class RankRecord(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         path = self.run_dir.rank_record(trainer.global_rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # `ranks/` only: a run dir gone (rank 0 refused the run and removed it) is not made again
+            path.parent.mkdir(exist_ok=True)
+        except FileNotFoundError:
+            return
         environment = getattr(trainer.strategy, "cluster_environment", None)
         record = {
             "global_rank": trainer.global_rank,
