@@ -255,11 +255,19 @@ def main(cfg: DictConfig) -> float | None:
                 # And its log (the refusal is on the console); a sweep's job keeps it unless earlier results stand.
                 if kept and not err.saved_something and (job.sweep_dir is None or (run_dir / RESULTS).is_file()):
                     take_back_log()
-            elif external_launcher() is not None and _named_by_launch(run_dir, cfg):
-                # Another rank of a torchrun or srun launch, whose Hydra made the dir the launch is named by
-                # after rank 0 removed it: empty, it goes too.
-                with contextlib.suppress(OSError):
-                    run_dir.rmdir()
+            elif external_launcher() is not None:
+                from hydralight.training.torchrun import wait_for_rank_zero
+
+                wait_for_rank_zero()  # its exit would stop rank 0 in the middle of its own clean-up
+                if _named_by_launch(run_dir, cfg):
+                    # Another rank of a torchrun or srun launch, whose Hydra made the dir the launch is named by
+                    # after rank 0 removed it: empty, it goes too.
+                    with contextlib.suppress(OSError):
+                        run_dir.rmdir()
+            if claim is not None and external_launcher() is not None:
+                from hydralight.training.torchrun import start_up_ended
+
+                start_up_ended()
             if job.sweep_dir is None:
                 raise
             # In a sweep the other jobs go on; the job's manifest says why it failed, the sweep's summary counts it.
