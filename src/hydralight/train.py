@@ -225,10 +225,14 @@ def main(cfg: DictConfig) -> float | None:
                 plan = resolve(cfg, machine, job)
                 if cfg.plan:  # printed, and the run dir Hydra made removed, once: by rank 0 of a torchrun launch
                     if is_rank_zero():
-                        from hydralight.data.contract import datamodule_kwargs
+                        from hydralight.data.contract import datamodule_kwargs, size_names
+                        from hydralight.training.modules import constructor_kwargs
 
-                        # What the data module's constructor takes, checked as the run will (no data is read).
+                        # What the constructors of the data module and the module take, checked as the run will
+                        # call them (no data is read: the sizes the data states come with it).
                         datamodule_kwargs(plan.data.spec, plan.data.offered, plan.data.explicit)
+                        if plan.resume.mode == "train":
+                            constructor_kwargs(plan.model, {}, pending=size_names(plan.data.spec))
                         print(plan.table(), end="")
                         restore_record(run_dir, refused=True)  # an earlier run's record there, as it was
                         kept = claim is not None and not claim.made_folder

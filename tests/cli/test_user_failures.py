@@ -91,6 +91,12 @@ class Crashes(BoringModel):
         if self.crash:
             raise ZeroDivisionError("the module's own bug")
         return super().training_step(batch, batch_idx)
+
+
+class Needs(BoringModel):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = width
 """
 
 
@@ -114,7 +120,8 @@ def test_a_job_that_crashes_ends_alone_and_the_sweep_counts_it(tmp_path):
 
 @pytest.mark.slow
 def test_plan_true_refuses_what_the_run_would(tmp_path):
-    """A loader setting the data module cannot take (batch.drop_last=true): refused by plan=true as by the run."""
+    """A loader setting the data module cannot take (batch.drop_last=true), a module's argument that nothing
+    gives: refused by plan=true as by the run."""
     (tmp_path / "crashes.py").write_text(CRASHES)
     args = ["hardware=cpu", "model._target_=crashes.Crashes", "data._target_=crashes.Data", "batch.global_size=4",
             "batch.drop_last=true"]  # fmt: skip
@@ -122,3 +129,9 @@ def test_plan_true_refuses_what_the_run_would(tmp_path):
         line = one_line(run_cli([*args, *extra], tmp_path / "run", cwd=tmp_path, PYTHONPATH=str(tmp_path)))
         assert line.startswith("error: batch.drop_last=true is given, but Data takes no drop_last argument"), line
         assert not (tmp_path / "run").exists()
+    # A module's argument without a default that nothing gives: plan=true says so as the run would.
+    args = ["hardware=cpu", "model._target_=crashes.Needs", "data._target_=crashes.Data", "batch.global_size=4"]
+    for extra in (["plan=true"], ["trainer.max_steps=1"]):
+        line = one_line(run_cli([*args, *extra], tmp_path / "run", cwd=tmp_path, PYTHONPATH=str(tmp_path)))
+        assert line.startswith("error: Needs needs width, which model does not give"), line
+        assert "set model.width=<value>" in line and not (tmp_path / "run").exists()

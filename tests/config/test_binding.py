@@ -33,3 +33,28 @@ def test_values_that_read_as_the_annotated_type_and_unannotated_ones_pass():
             self.width = width
 
     assert bind(Loose, {"width": "abc"}, {}, "model") == {}
+
+
+class Needs:
+    def __init__(self, hidden: int, vocab_size: int, lr: float = 0.1) -> None:
+        self.hidden, self.vocab_size, self.lr = hidden, vocab_size, lr
+
+
+def test_an_argument_without_a_default_that_nothing_gives_is_one_line():
+    with pytest.raises(UserError) as err:
+        bind(Needs, {}, {"vocab_size": 65}, "model")
+    assert str(err.value).startswith("Needs needs hidden, which model does not give and the run does not offer")
+    assert "set model.hidden=<value>" in str(err.value)
+
+
+def test_what_the_config_the_plan_or_the_data_later_gives_is_not_missing():
+    assert bind(Needs, {"hidden": 4}, {"vocab_size": 65, "batch_size": 8}, "model") == {"vocab_size": 65}
+    assert bind(Needs, {"hidden": 4}, {}, "model", pending=("vocab_size",)) == {}  # the data states it later
+    assert bind(Needs, {"_args_": [4, 65]}, {}, "model") == {}  # given by position
+
+
+def test_a_partial_target_is_called_with_more_than_its_config():
+    # An optimizer `_partial_: true` gets its parameters from the module that calls it.
+    import torch
+
+    assert bind(torch.optim.SGD, {"lr": 0.1, "_partial_": True}, {}, "optim", pending=None) == {}

@@ -9,7 +9,7 @@ value the user set for the plan that the constructor does not take (it would be 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from hydralight.errors import UserError
@@ -72,6 +72,7 @@ def bind(
     explicit: Mapping[str, str] | None = None,
     through_kwargs: tuple[str, ...] = (),
     origin: str | None = None,
+    pending: Collection[str] | None = (),
 ) -> dict[str, Any]:
     """The offered values `target` takes (those its config sets itself are left to it).
 
@@ -79,7 +80,9 @@ def bind(
     values the user set (value name -> the override that set it), refused when not taken. `through_kwargs`: offered values
     passed to a target that takes **kwargs without naming them (torchvision's model builders pass
     `num_classes` on). `origin`: how the spec came to be, named when one of its arguments is refused (a
-    `_target_` replaced on the command line keeps the arguments of the one it replaced).
+    `_target_` replaced on the command line keeps the arguments of the one it replaced). `pending`: values that
+    come later (the data's sizes, when the plan is only printed); None: the target is called with more than
+    this (a `_partial_` optimizer gets its parameters), so an argument without a default is no one's to refuse.
     """
     names, open_ = accepted_arguments(target)
     name = getattr(target, "__qualname__", str(target))
@@ -104,7 +107,26 @@ def bind(
                 f"{override} is given, but {name} takes no {value_name} argument, so it would be ignored; "
                 f"drop {override} (the module decides its {value_name} itself)"
             )
+    if pending is not None and "_args_" not in spec:
+        missing = [arg for arg in _required(target) if arg not in spec and arg not in given and arg not in pending]
+        if missing:
+            came = f" (its config came from {origin})" if origin else ""
+            raise UserError(
+                f"{name} needs {', '.join(missing)}, which {key} does not give and the run does not offer{came}; "
+                f"set {key}.{missing[0]}=<value>, or give the argument a default"
+            )
     return given
+
+
+def _required(target: Any) -> list[str]:
+    """The arguments `target(...)` cannot be called without (only its own `__init__`: what it passes on to its
+    bases it may fill itself)."""
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
 
 
 # What a constructor's annotation asks for, where a string that does not read as one is certainly wrong.

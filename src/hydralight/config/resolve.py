@@ -518,7 +518,7 @@ def _check_partial(spec: Any, key: str) -> None:
     from hydralight.config.binding import bind, import_target
 
     if isinstance(spec, dict) and spec.get("_partial_") is True and "_target_" in spec:
-        bind(import_target(str(spec["_target_"]), f"{key}._target_"), spec, {}, key)
+        bind(import_target(str(spec["_target_"]), f"{key}._target_"), spec, {}, key, pending=None)
 
 
 def _lr_into_optimizer(

@@ -153,6 +153,12 @@ def loader_batch_size(datamodule: Any, world_size: int) -> int | None:
     return int(size) if isinstance(size, int) else None
 
 
+def size_names(data: Mapping[str, Any]) -> tuple[str, ...]:
+    """The sizes the data module of `data._target_` may state, read from its class (no data is read)."""
+    target = import_target(str(data.get("_target_")), "data._target_")
+    return (*SIZES, *getattr(target, "sizes", ()))
+
+
 def stated_sizes(datamodule: Any) -> dict[str, Any]:
     """The sizes a data module states (`num_classes`, `input_shape`, and any name it lists in `sizes`, such
     as a language model's `vocab_size`); those it does not state are left to the module's own defaults."""

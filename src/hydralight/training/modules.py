@@ -5,6 +5,7 @@ layers put in."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Collection
 from typing import Any
 
 import pytorch_lightning as pl
@@ -44,9 +45,10 @@ def origin(model: ModelPlan) -> str | None:
     return None
 
 
-def constructor_kwargs(model: ModelPlan, sizes: dict[str, Any]) -> dict[str, Any]:
+def constructor_kwargs(model: ModelPlan, sizes: dict[str, Any], pending: Collection[str] = ()) -> dict[str, Any]:
     """What the module's constructor gets from the plan and the data: the values it names (checked before
-    anything is built: an argument it does not take, a plan value set for it and not taken, are one line)."""
+    anything is built: an argument it does not take, one it cannot do without, a plan value set for it and not
+    taken, are one line). `pending`: the sizes the data will state, when it is not read (`plan=true`)."""
     cls = module_class(model.spec)
     offered = {**model.offered, **sizes}
     for key, size in sizes.items():  # the data decides its sizes: another value would fail inside the first step
@@ -60,8 +62,8 @@ def constructor_kwargs(model: ModelPlan, sizes: dict[str, Any]) -> dict[str, Any
         for key, nested in model.spec.items():
             if isinstance(nested, dict) and "_target_" in nested and not nested.get("_partial_"):
                 target = import_target(str(nested["_target_"]), f"model.{key}._target_")
-                bind(target, nested, {}, f"model.{key}", origin=origin(model))
-    return bind(cls, model.spec, offered, "model", explicit=model.explicit, origin=origin(model))
+                bind(target, nested, {}, f"model.{key}", origin=origin(model), pending=None)
+    return bind(cls, model.spec, offered, "model", explicit=model.explicit, origin=origin(model), pending=pending)
 
 
 def build_module(model: ModelPlan, sizes: dict[str, Any]) -> pl.LightningModule:
