@@ -250,6 +250,10 @@ def main(cfg: DictConfig) -> float | None:
             # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it), and
             # removes only what this attempt added: a folder that was there before stays.
             if claim is not None:
+                if external_launcher() is not None:
+                    from hydralight.training.torchrun import others_refused
+
+                    others_refused()  # none of them makes the run dir again after this clean-up
                 if getattr(err, "discard_run_dir", False):
                     claim.discard_added()
                 kept = not discard_unused_run_dir(run_dir, keep_folder=not claim.made_folder)
@@ -260,9 +264,9 @@ def main(cfg: DictConfig) -> float | None:
                 if kept and not err.saved_something and (job.sweep_dir is None or (run_dir / RESULTS).is_file()):
                     take_back_log()
             elif external_launcher() is not None:
-                from hydralight.training.torchrun import wait_for_rank_zero
+                from hydralight.training.torchrun import refused
 
-                wait_for_rank_zero()  # its exit would stop rank 0 in the middle of its own clean-up
+                refused()  # its exit would stop rank 0 in the middle of its own clean-up
                 if _named_by_launch(run_dir, cfg):
                     # Another rank of a torchrun or srun launch, whose Hydra made the dir the launch is named by
                     # after rank 0 removed it: empty, it goes too.

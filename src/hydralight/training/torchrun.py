@@ -1,16 +1,20 @@
-"""What the ranks of a torchrun launch tell each other before their process group exists, through the store
-torchrun's agent serves them: torchrun stops every rank as soon as one exits non-zero."""
+"""What the ranks of a torchrun launch tell each other when they refuse their run, before their process group
+exists, through the store torchrun's agent serves them. torchrun stops every rank as soon as one exits
+non-zero: rank 0 stopped half-way through its clean-up leaves the run dir it began behind, and a rank whose
+Hydra makes the launch's run dir after rank 0 removed it leaves that. So each other rank says it has refused
+(its run dir is made by then) and waits; rank 0 cleans up once they all have, then lets them exit."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any
 
 
 def _launch_store(timeout_s: float) -> Any:
     """The store torchrun's agent serves to the ranks it started (None under another launcher, or when it
-    cannot be reached): the one place the ranks can meet before their process group exists."""
+    cannot be reached)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     from datetime import timedelta
@@ -24,25 +28,39 @@ def _launch_store(timeout_s: float) -> Any:
         return None
 
 
-def _start_up_key() -> str:
-    return f"hydralight/start-up-ended/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+def _key(what: str) -> str:
+    # A restarted launch (--max-restarts) shares the agent's store with its earlier attempts.
+    return f"hydralight/{what}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def others_refused(timeout_s: float = 10.0) -> None:
+    """Rank 0, refusing: wait (at most `timeout_s`: a rank that did not refuse goes on to its process group)
+    until every other rank has refused too, so that no rank makes the run dir again after its clean-up."""
+    store = _launch_store(timeout_s)
+    others = int(os.environ.get("WORLD_SIZE", "1")) - 1
+    if store is None or others < 1:
+        return
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(RuntimeError):
+        while store.add(_key("refused"), 0) < others and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def start_up_ended() -> None:
-    """Rank 0 of a torchrun launch has refused its run and cleaned up after it: the other ranks may exit now."""
+    """Rank 0 has refused its run and cleaned up after it: the other ranks may exit now."""
     store = _launch_store(5.0)
     if store is not None:
         with contextlib.suppress(RuntimeError):
-            store.set(_start_up_key(), "1")
+            store.set(_key("start-up-ended"), "1")
 
 
-def wait_for_rank_zero(timeout_s: float = 30.0) -> None:
-    """Another rank of a torchrun launch, refusing its run, waits (at most `timeout_s`) until rank 0 has
-    cleaned up after its own start-up: torchrun stops every rank when one exits non-zero, and rank 0 stopped
-    half-way leaves the run dir it began (its record, its marker) behind."""
+def refused(timeout_s: float = 30.0) -> None:
+    """Another rank, refusing: say so, and wait (at most `timeout_s`) until rank 0 has cleaned up."""
     store = _launch_store(timeout_s)
-    if store is not None:
-        from datetime import timedelta
+    if store is None:
+        return
+    from datetime import timedelta
 
-        with contextlib.suppress(RuntimeError):
-            store.wait([_start_up_key()], timedelta(seconds=timeout_s))
+    with contextlib.suppress(RuntimeError):
+        store.add(_key("refused"), 1)
+        store.wait([_key("start-up-ended")], timedelta(seconds=timeout_s))
