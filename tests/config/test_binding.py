@@ -1,6 +1,7 @@
 """What a `_target_` gets from its config and the plan, checked against its constructor before it is built."""
 
 import pytest
+import torch
 
 from hydralight.config.binding import bind
 from hydralight.errors import UserError
@@ -55,6 +56,51 @@ def test_what_the_config_the_plan_or_the_data_later_gives_is_not_missing():
 
 def test_a_partial_target_is_called_with_more_than_its_config():
     # An optimizer `_partial_: true` gets its parameters from the module that calls it.
-    import torch
-
     assert bind(torch.optim.SGD, {"lr": 0.1, "_partial_": True}, {}, "optim", pending=None) == {}
+
+
+class Template:
+    """As lightning-hydra-template annotates its module and data module."""
+
+    def __init__(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer, width: int = 8,
+                 split: tuple[int, int, int] = (55_000, 5_000, 10_000), lr: float | None = None) -> None:  # fmt: skip
+        self.net, self.optimizer, self.width, self.split, self.lr = net, optimizer, width, split, lr
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ({"width": 1.5}, "model.width=1.5 is not an integer, which Template takes (width: int)"),
+        ({"width": 2.0}, "model.width=2.0 is not an integer"),
+        ({"width": True}, "model.width=True is not an integer"),
+        ({"lr": True}, "model.lr=True is not a number"),
+        ({"split": "abc"}, "model.split=abc is not a list, which Template takes (split: tuple[int, int, int])"),
+        ({"split": 3}, "model.split=3 is not a list"),
+        ({"net": "mlp"}, "model.net=mlp is not a torch nn.Module (a config with a _target_)"),
+        ({"optimizer": "adam"}, "model.optimizer=adam is not a torch optimizer (a config with a _target_)"),
+    ],
+)
+def test_a_value_that_cannot_be_what_the_annotation_asks_is_one_line(spec, said):
+    with pytest.raises(UserError) as err:
+        bind(Template, spec, {}, "model", pending=None)
+    assert str(err.value).startswith(said)
+
+
+def test_values_that_can_be_what_the_annotation_asks_pass():
+    spec = {"width": 3, "split": [1, 2, 3], "lr": 1, "net": {"_target_": "torch.nn.Linear"}}
+    assert bind(Template, spec, {}, "model", pending=None) == {}
+    # An optimizer's rate is `float | Tensor`: a word is refused, a number read from a string passes.
+    with pytest.raises(UserError, match="optim.lr=abc is not a number, which SGD takes"):
+        bind(torch.optim.SGD, {"lr": "abc"}, {}, "optim", pending=None)
+    assert bind(torch.optim.SGD, {"lr": "0.1"}, {}, "optim", pending=None) == {}
+
+
+def test_a_plan_value_its_config_holds_one_level_down_names_where():
+    class OwnOptimizer:
+        def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+            self.optimizer = optimizer
+
+    spec = {"optimizer": {"_target_": "torch.optim.Adam", "_partial_": True, "lr": 0.001}}
+    with pytest.raises(UserError) as err:
+        bind(OwnOptimizer, spec, {"lr": 0.01}, "model", explicit={"lr": "optim.lr=0.01"}, pending=None)
+    assert str(err.value).endswith("set model.optimizer.lr instead")

@@ -8,6 +8,7 @@ value the user set for the plan that the constructor does not take (it would be 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -28,8 +29,12 @@ GENERIC_BASES = {
 
 def import_target(path: str, key: str) -> Any:
     """The object `path` names (a class or function), or one line saying why it cannot be imported."""
+    import logging
+
     from hydra.utils import get_object
 
+    said = logging.getLogger("hydra.utils")
+    was, said.disabled = said.disabled, True  # its own lines before ours: the refusal below is the one line
     try:
         return get_object(str(path))
     except Exception as err:  # ImportError, AttributeError, or whatever the module raises on import
@@ -39,6 +44,8 @@ def import_target(path: str, key: str) -> Any:
             f"{key}={path} cannot be imported ({type(cause).__name__}: {reason[:200]}); check the module path, "
             "and that its package is installed or on PYTHONPATH"
         ) from None
+    finally:
+        said.disabled = was
 
 
 def accepted_arguments(target: Any) -> tuple[set[str], bool]:
@@ -103,9 +110,12 @@ def bind(
                 f"set {key}.{value_name} instead"
             )
         if value_name not in given:
+            # Its config may hold the value one level down (a template's `optimizer: {_partial_: true, lr: ...}`).
+            inner = next((f"{key}.{k}.{value_name}" for k, v in spec.items() if isinstance(v, Mapping)
+                          and value_name in v), None)  # fmt: skip
+            fix = f"set {inner} instead" if inner else f"drop {override} (the module decides its {value_name} itself)"
             raise UserError(
-                f"{override} is given, but {name} takes no {value_name} argument, so it would be ignored; "
-                f"drop {override} (the module decides its {value_name} itself)"
+                f"{override} is given, but {name} takes no {value_name} argument, so it would be ignored; {fix}"
             )
     if pending is not None and "_args_" not in spec:
         missing = [arg for arg in _required(target) if arg not in spec and arg not in given and arg not in pending]
@@ -135,34 +145,67 @@ _SCALARS: dict[Any, tuple[str, Any]] = {
     float: ("a number", float),
     bool: ("true or false", lambda v: {"true": True, "false": False}[v.lower()]),
 }
+# Objects a config gives as a `_target_` (a network, an optimizer), never as a word.
+_OBJECTS = {
+    "torch.nn.modules.module.Module": "a torch nn.Module",
+    "torch.optim.optimizer.Optimizer": "a torch optimizer",
+    "torch.optim.lr_scheduler.LRScheduler": "a torch learning-rate scheduler",
+}
 
 
 def _check_annotated_types(target: Any, spec: Mapping[str, Any], key: str, name: str) -> None:
-    """Refuse a string argument where the constructor's annotation asks for a number or a flag (`model.hidden=abc`
-    for `hidden: int`): Python would take it, and the run would fail deep inside training."""
-    import types
-    import typing
-
+    """Refuse a value that cannot be what the constructor's annotation asks for (`model.hidden=abc` or `=1.5` for
+    `hidden: int`, a word for a list or for a network): Python would take it, and the run would fail deep inside
+    training."""
     try:
         params = inspect.signature(target, eval_str=True).parameters
     except Exception:  # no signature, or annotations that do not evaluate: nothing to check against
         return
     for arg, value in spec.items():
-        if not isinstance(value, str) or arg not in params:
-            continue
-        wanted = params[arg].annotation
-        if typing.get_origin(wanted) in (typing.Union, types.UnionType):  # `float | None`
-            kinds = set(typing.get_args(wanted)) - {type(None)}
-            wanted = kinds.pop() if len(kinds) == 1 else None
-        if wanted not in _SCALARS:
-            continue
-        said, read = _SCALARS[wanted]
-        try:
-            read(value)
-        except (ValueError, KeyError):
-            raise UserError(
-                f"{key}.{arg}={value} is not {said}, which {name} takes ({arg}: {wanted.__name__}); give {said}"
-            ) from None
+        if arg in params and not isinstance(value, dict) and value is not None:
+            wrong = _not_of(params[arg].annotation, value)
+            if wrong is not None:
+                said, asked = wrong
+                raise UserError(f"{key}.{arg}={value} is not {said}, which {name} takes ({arg}: {asked}); give {said}")
+
+
+def _not_of(annotation: Any, value: Any) -> tuple[str, str] | None:
+    """(what was asked, the annotation as written) when `value` cannot be what `annotation` asks for; None when it
+    can or when the annotation says too little to tell."""
+    import collections.abc
+    import types
+    import typing
+
+    kinds = [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # `float | None`, `float | Tensor`
+        kinds = [k for k in typing.get_args(annotation) if k is not type(None)]
+    if any(k is str or k is Any or not (inspect.isclass(k) or typing.get_origin(k)) for k in kinds):
+        return None  # a word is welcome, or the annotation is not a plain type
+    asked = " | ".join(k.__name__ if inspect.isclass(k) else str(k).replace("typing.", "") for k in kinds)
+    scalars = [k for k in kinds if k in _SCALARS]
+    if scalars:
+        if isinstance(value, str):
+            readable = False
+            for kind in scalars:
+                with contextlib.suppress(ValueError, KeyError):
+                    _SCALARS[kind][1](value)
+                    readable = True
+            return None if readable else (_SCALARS[scalars[0]][0], asked)
+        if isinstance(value, bool) and bool not in scalars and len(scalars) == len(kinds):
+            return _SCALARS[scalars[0]][0], asked  # `hidden=true` for an int
+        if isinstance(value, float) and scalars == [int] and len(kinds) == 1:
+            return _SCALARS[int][0], asked  # `hidden=1.5` (or 2.0) for an int
+        return None
+    sequences = (list, tuple, collections.abc.Sequence)
+    if all((typing.get_origin(k) or k) in sequences for k in kinds) and isinstance(value, str | int | float):
+        return "a list", asked  # `split=abc` for a `tuple[int, int, int]`
+    if isinstance(value, str):
+        for kind in kinds:
+            mro = {f"{c.__module__}.{c.__qualname__}" for c in getattr(kind, "__mro__", ())}
+            said = next((what for base, what in _OBJECTS.items() if base in mro), None)
+            if said is not None:
+                return f"{said} (a config with a _target_)", asked
+    return None
 
 
 def instantiate(spec: Mapping[str, Any], **given: Any) -> Any:
