@@ -19,7 +19,9 @@ def test_a_template_project_trains_unchanged_with_the_plan_s_batch(tiny_data, tm
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
     out = result.stdout + result.stderr
     # Its data config's batch is the plan's (per device), said once; its own copy of `data=mnist` is hidden.
-    assert out.count("note: data.batch_size=128 in the data config is replaced by the plan's 32") == 1
+    assert (
+        out.count("note: data.batch_size=128 in the data config is replaced by the plan's per-device batch of 32") == 1
+    )
     assert out.count("note: conf/data/mnist.yaml is not used: the shipped option data=mnist comes first") == 1
     results = json.loads((run / "results.json").read_text())
     assert results["global_step"] == 10 and results["test/acc"] is not None

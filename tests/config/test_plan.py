@@ -361,3 +361,28 @@ def test_what_hydra_lets_through_is_refused_by_the_plan_itself(override, said):
     # command line's: resolving the plan refuses it.
     with pytest.raises(UserError, match=re.escape(said)):
         plan_of(override)
+
+
+@pytest.mark.parametrize(
+    ("override", "owner"),
+    [
+        ("+data.batch_size=64", "batch.global_size"),
+        ("+data.num_workers=3", "batch.num_workers"),
+        ("+data.seed=3", "set seed instead"),
+    ],  # fmt: skip
+)
+def test_a_planned_data_setting_given_on_the_command_line_is_refused_naming_its_key(override, owner):
+    # The data config's own value gives way to the plan's with a note; one typed on the command line was meant.
+    with pytest.raises(UserError) as err:
+        plan_of("data._target_=plain_datamodule.PlainDataModule", "+data.record_dir=x", override)
+    assert str(err.value).startswith(f"{override} is set on the command line, but the plan gives the data module")
+    assert owner in str(err.value)
+
+
+@pytest.mark.parametrize("averaging", ["ema", "swa"])
+def test_weight_averaging_under_fsdp_is_refused_before_anything_starts(averaging):
+    # Lightning's WeightAveraging deep-copies the module; FSDP's sharded module cannot be copied (a traceback
+    # on every rank, at fit's start).
+    with pytest.raises(UserError, match=f"callbacks.{averaging} .* strategy=fsdp cannot make"):
+        plan_of(f"callbacks=[default,{averaging}]", "hardware=cpu", "hardware.devices=2", "strategy=fsdp")
+    assert plan_of(f"callbacks=[default,{averaging}]", "hardware=cpu", "hardware.devices=2", "strategy=ddp")

@@ -140,7 +140,7 @@ def test_fashion_mnist_composes_and_reads_its_own_idx_files(tmp_path):
 
 def test_the_core_gives_a_data_module_the_planned_settings_its_constructor_takes(monkeypatch):
     from hydralight.data import datamodule_kwargs, shards_by_rank
-    from hydralight.data.contract import replaced_by_plan
+    from hydralight.data.contract import last_batch_note, replaced_by_plan
 
     monkeypatch.syspath_prepend(str(HELPERS))
     planned = {"global_size": 64, "batch_size": 16, "accumulation": 2, "eval_size": 100, "num_workers": 3,
@@ -155,8 +155,12 @@ def test_the_core_gives_a_data_module_the_planned_settings_its_constructor_takes
         "batch_size": 16,
         "num_workers": 3,
     }
+    # It takes no drop_last: the plan cannot drop its last, smaller batch, and says so.
+    assert "PlainDataModule takes no drop_last" in last_batch_note(plain, planned)
+    assert last_batch_note(plain, {**planned, "drop_last": False}) is None
+    assert last_batch_note({"_target_": "hydralight.data.ImageFolderDataModule", "root": "x"}, planned) is None
     notes = replaced_by_plan({**plain, "batch_size": 8, "num_workers": 3}, planned)
-    assert notes == ["data.batch_size=8 in the data config is replaced by the plan's 16; to change it, set "
+    assert notes == ["data.batch_size=8 in the data config is replaced by the plan's per-device batch of 16; to change it, set "
                      "batch.global_size (the per-device batch follows from it)"]  # fmt: skip
     with pytest.raises(UserError, match="takes neither batch_size nor global_size"):
         datamodule_kwargs({"_target_": "pytorch_lightning.LightningDataModule"}, planned)

@@ -118,6 +118,20 @@ class ModelPlan:
         return "lr" in self.offered or "lr" in (self.offered.get("optimizer") or {})
 
 
+# Each setting the core may pass, and where a user sets it instead of in `data.*`.
+OWNERS = {
+    "global_size": "batch.global_size",
+    "batch_size": "batch.global_size (the per-device batch follows from it)",
+    "accumulation": "batch.accumulation or batch.max_per_device",
+    "eval_size": "batch.eval_size",
+    "num_workers": "batch.num_workers",
+    "pin_memory": "batch.pin_memory",
+    "persistent_workers": "batch.num_workers",
+    "drop_last": "batch.drop_last",
+    "seed": "seed",
+}
+
+
 @dataclass(frozen=True)
 class DataPlan:
     """The LightningDataModule: its `_target_` and own arguments, and the planned loader settings its

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from hydralight.config.capacity import check_capacity
 from hydralight.config.declaration import ModuleDeclaration
 from hydralight.config.plan import (
+    OWNERS,
     DataPlan,
     FrameworkPlan,
     HardwarePlan,
@@ -102,7 +103,7 @@ def resolve(cfg: DictConfig | dict[str, Any], machine: Machine, job: JobInfo) ->
         model=model,
         data=data,
         trainer=_trainer(c, hw, fw, task, run_dir, _eval_batch_fixed(data.spec)),
-        callbacks=_specs(c.get("callbacks")),
+        callbacks=_callbacks(c.get("callbacks"), fw.strategy),
         loggers=_specs(c.get("logger")),
         paths=paths,
         resume=_resume(c, config, run_dir),
@@ -611,6 +612,15 @@ def _data(c: DictConfig, task: TaskPlan, job: JobInfo) -> DataPlan:
         raise UserError(
             "the data has no _target_: pick a data option (data=<name>; --help lists them) or set data._target_=..."
         )
+    # The data config's own value of a planned setting gives way to the plan's (said at start); one given on the
+    # command line was meant to be used: it is refused, naming where the plan takes it from.
+    for name, owner in OWNERS.items():
+        item = _overridden(job, f"data.{name}")
+        if item is not None and not item.startswith("~"):
+            raise UserError(
+                f"{item} is set on the command line, but the plan gives the data module its {name} (the same "
+                f"training on any hardware); set {owner} instead"
+            )
     if _override_key(_overridden(job, "data._target_")) == "data._target_":
         spec = _without_the_replaced_options_arguments(spec, job, "data")
     offered = {
@@ -705,6 +715,24 @@ def _specs(group: Any) -> dict[str, dict[str, Any]]:
     if not group:
         return {}
     return {str(name): OmegaConf.to_container(spec) for name, spec in group.items() if spec is not None}  # type: ignore[misc]
+
+
+def _callbacks(group: Any, strategy: str) -> dict[str, dict[str, Any]]:
+    """The callbacks' specs, each checked against the strategy: one that averages the weights (Lightning's
+    `WeightAveraging`: EMA, SWA) keeps a deep copy of the module, which FSDP's sharded module cannot give."""
+    from hydralight.config.binding import import_target
+
+    specs = _specs(group)
+    for name, spec in specs.items() if strategy == "fsdp" else ():
+        target = import_target(str(spec.get("_target_")), f"callbacks.{name}._target_")
+        bases = {f"{k.__module__}.{k.__qualname__}" for k in getattr(target, "__mro__", ())}
+        if bases & {"pytorch_lightning.callbacks.weight_averaging.WeightAveraging",
+                    "lightning.pytorch.callbacks.weight_averaging.WeightAveraging"}:  # fmt: skip
+            raise UserError(
+                f"callbacks.{name} ({target.__name__}) averages the weights in a copy of the module, which "
+                "strategy=fsdp cannot make of its sharded module; use strategy=ddp, or drop it from callbacks"
+            )
+    return specs
 
 
 # -- what the run starts from -------------------------------------------------------------------------

@@ -11,21 +11,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from hydralight.config.binding import accepted_arguments, bind, import_target, instantiate
+from hydralight.config.plan import OWNERS
 from hydralight.errors import UserError
 from hydralight.rundir.launch import global_rank
 
-# Each setting the core may pass, and where a user sets it instead of in `data.*`.
-OWNERS = {
-    "global_size": "batch.global_size",
-    "batch_size": "batch.global_size (the per-device batch follows from it)",
-    "accumulation": "batch.accumulation or batch.max_per_device",
-    "eval_size": "batch.eval_size",
-    "num_workers": "batch.num_workers",
-    "pin_memory": "batch.pin_memory",
-    "persistent_workers": "batch.num_workers",
-    "drop_last": "batch.drop_last",
-    "seed": "seed",
-}
 # Sizes a data module states for the module and its network when it knows them (before `setup()`).
 SIZES = ("num_classes", "input_shape")
 
@@ -63,11 +52,27 @@ def replaced_by_plan(data: Mapping[str, Any], planned: Mapping[str, Any]) -> lis
     target = import_target(str(data.get("_target_")), "data._target_")
     names, _ = accepted_arguments(target)
     return [
-        f"data.{key}={data[key]} in the data config is replaced by the plan's {planned[key]}; to change it, set "
+        f"data.{key}={data[key]} in the data config is replaced by the plan's "
+        f"{'per-device batch of ' if key == 'batch_size' else ''}{planned[key]}; to change it, set "
         f"{OWNERS.get(key, key)}"
         for key in planned
         if key in data and key in names and data[key] != planned[key]
     ]
+
+
+def last_batch_note(data: Mapping[str, Any], planned: Mapping[str, Any]) -> str | None:
+    """A line when the plan drops each epoch's last, smaller batch (`batch.drop_last`, the default) and the data
+    module takes no `drop_last`: its own loaders decide, and the plan's global batch may not hold for that step."""
+    if not planned.get("drop_last"):
+        return None
+    names, _ = accepted_arguments(import_target(str(data.get("_target_")), "data._target_"))
+    if "drop_last" in names:
+        return None
+    return (
+        f"the data module {data.get('_target_')} takes no drop_last: its loaders decide whether an epoch's last, "
+        "smaller batch trains (the plan's global batch does not hold for that step); give its __init__ a drop_last "
+        "argument for its training loader to follow batch.drop_last"
+    )
 
 
 def build_datamodule(

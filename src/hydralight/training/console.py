@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from hydralight.data.contract import replaced_by_plan
+from hydralight.data.contract import last_batch_note, replaced_by_plan
 from hydralight.rundir.launch import is_rank_zero
 
 if TYPE_CHECKING:
@@ -186,4 +186,6 @@ def show_start(plan: RunPlan, model: nn.Module) -> None:
     say(plan_line(plan, model))
     for line in replaced_by_plan(plan.data.spec, plan.data.offered):
         say(f"note: {line}")
+    if (last := last_batch_note(plan.data.spec, plan.data.offered)) is not None:
+        say(f"note: {last}")
     say(f"run dir: {plan.paths.run_dir}")
