@@ -31,6 +31,7 @@ REJECTED = [
     ("mode=null", "mode=null is not allowed"),
     ("hardware=tpu", "hardware=tpu is not an option of hardware; use one of 1gpu, 2x8gpu, 4gpu, 8gpu, auto, cpu"),
     ("precision=fp8", "precision=fp8 is not an option of precision"),
+    ("precision=16", "precision=16 is not an option of precision; use one of 16-mixed, 32-true"),  # a number
     ("trainer.accelerator=gpu", "trainer.accelerator is set by the plan; set hardware.accelerator instead"),
     ("trainer.max_epoch=3", "trainer.max_epoch is not a config key"),
     ("+trainer.gradiant_clip_val=1", "trainer.gradiant_clip_val is not a config key"),

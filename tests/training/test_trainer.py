@@ -87,3 +87,37 @@ def test_what_manual_optimization_cannot_take_is_named_by_the_user_s_own_keys(ti
         line = one_line(run_cli([*args, extra], tmp_path / "run", tiny_data, cwd=tmp_path, PYTHONPATH=str(tmp_path)))
         assert said in line and "Trainer(" not in line, line
         assert not (tmp_path / "run").exists()
+
+
+def test_a_download_that_fails_is_one_line_naming_why():
+    # A data module that downloads (`MNIST(root, download=True)`, as the template writes it) on a machine
+    # without the network: torchvision's error after every mirror, or urllib's own.
+    import urllib.error
+
+    import pytest
+
+    from hydralight.errors import UserError
+    from hydralight.training.trainer import lightning_refusals
+
+    failures = [
+        RuntimeError("Error downloading train-images-idx3-ubyte.gz:\nTried https://x/, got:\n<urlopen error down>\n"),
+        urllib.error.URLError("[Errno -2] Name or service not known"),
+    ]
+    for failure in failures:
+        with pytest.raises(UserError) as err, lightning_refusals():
+            raise failure
+        said = str(err.value)
+        assert said.startswith("the data could not be downloaded (") and "\n" not in said
+        assert said.endswith("check the path the data config gives (data.*), or put the files there")
+
+
+def test_a_batch_sampler_lightning_cannot_split_over_processes_names_the_way_out():
+    import pytest
+
+    from hydralight.errors import UserError
+    from hydralight.training.trainer import lightning_refusals
+
+    with pytest.raises(UserError, match="shards_by_rank = True"), lightning_refusals():
+        raise TypeError(" Lightning can't inject a (distributed) sampler into your batch sampler, because it ...")
+    with pytest.raises(TypeError, match="another"), lightning_refusals():
+        raise TypeError("another")  # a bug of ours or the module's keeps its traceback

@@ -52,7 +52,8 @@ PLANNED = {
     "strategy": "strategy=<name>",
     "accumulate_grad_batches": "batch.max_per_device or batch.accumulation",
     "sync_batchnorm": "model.sync_batchnorm",
-    "use_distributed_sampler": "nothing (on when the data module does not shard by rank itself)",
+    "use_distributed_sampler": "`shards_by_rank = True` on a data module whose loaders shard by rank themselves (it "
+    "is on for any other)",
     "default_root_dir": "hydra.run.dir (the run dir holds everything a run writes)",
     "logger": "logger=<name>",
     "callbacks": "callbacks.<name>",
@@ -312,6 +313,11 @@ def explain(err: BaseException, overrides: list[str]) -> str:
             or template_key(name)
             or f"{name} is not a config key; check the spelling (`--cfg job` prints the config)"
         )
+    if "Config group override must be a string or a list" in text:  # `precision=16`: a number for an option name
+        for item in overrides:
+            group, _, value = item.lstrip("+~").partition("=")
+            if re.fullmatch(r"[\w]+", group) and re.fullmatch(r"[\d.eE+-]+", value) and (options := _options(group)):
+                return f"{group}={value} is not an option of {group}; use one of {', '.join(options)}"
     if m := re.search(r"Could not find '([\w/]+)/([^']+)'(?s:.*?)Available options in '[\w/]+':\n((?:\t.*\n?)*)", text):
         options = ", ".join(o.strip() for o in m.group(3).split() if o.strip())
         # Hydra's own groups are named with their path on the command line (hydra/launcher=...).
@@ -319,3 +325,11 @@ def explain(err: BaseException, overrides: list[str]) -> str:
         return f"{group}={m.group(2)} is not an option of {group}; use one of {options}"
     first = next((line.strip() for line in str(causes[-1]).splitlines() if line.strip()), type(causes[-1]).__name__)
     return f"{where}: {first}" if where else first
+
+
+def _options(group: str) -> list[str]:
+    """The options of a config group: the shipped ones and those of ./conf."""
+    from hydralight.config.folders import SHIPPED_CONF, user_conf
+
+    folders = [SHIPPED_CONF / group, *([user / group] if (user := user_conf()) is not None else [])]
+    return sorted({path.stem for folder in folders if folder.is_dir() for path in folder.glob("*.yaml")})

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import socket
+import urllib.error
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -192,7 +193,22 @@ def lightning_refusals(accumulation: int = 1) -> Iterator[None]:
     except RuntimeError as err:
         if str(err).startswith("Dataset not found"):  # torchvision's data sets, as a user's data module reads them
             _data_missing(f"the data set is not there ({_first_line(err)})")
+        if str(err).startswith("Error downloading"):  # torchvision's download, every mirror tried
+            _data_missing(f"the data could not be downloaded ({_first_line(err)})")
         _unused_parameters(err)
+    except TypeError as err:
+        if "inject a (distributed) sampler" not in str(err):
+            raise
+        if not is_rank_zero():
+            raise SystemExit(EXIT_USER_ERROR) from None  # every rank has that loader; rank 0 says so
+        raise UserError(
+            "the data module's training loader has a batch sampler that Lightning cannot split over the processes "
+            "(it does not subclass torch's BatchSampler); let the data module shard its loaders by rank itself "
+            "(trainer.global_rank, trainer.world_size) and say so with `shards_by_rank = True` on its class, or run "
+            "on 1 process"
+        ) from None
+    except urllib.error.URLError as err:  # a data module's own download
+        _data_missing(f"the data could not be downloaded ({err})")
     except (FileNotFoundError, NotADirectoryError) as err:  # a path of the data config (a user's data module)
         _data_missing(f"{err.filename or err} is missing ({err.strerror or type(err).__name__}, where the run reads "
                       "its data)")  # fmt: skip
