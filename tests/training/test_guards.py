@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hydralight.errors import UserError
-from hydralight.training.guards import FiniteLoss
+from hydralight.training.guards import FiniteLoss, PlannedBatch
 
 
 @pytest.mark.parametrize(
@@ -82,3 +82,18 @@ def test_an_objective_logged_per_step_and_per_epoch_in_validation_is_taken(tiny_
     result = run_cli([*TINY, "model._target_=on_step.OnStep"], run, tiny_data, cwd=tmp_path, PYTHONPATH=str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((run / "results.json").read_text())["objective"]["value"] is not None
+
+
+def test_the_planned_batch_is_measured_at_the_start_of_every_epoch():
+    """A data module that builds its loaders again each epoch (`reload_dataloaders_every_n_epochs`) and halves
+    its batch from the second epoch on is stopped before that epoch trains; a short last batch is not."""
+    guard = PlannedBatch(8)
+    trainer = SimpleNamespace(accumulate_grad_batches=1, global_rank=0, num_training_batches=3, current_epoch=0)
+    for batch_idx, size in enumerate((8, 8, 5)):  # epoch 0 ends on a short batch
+        guard.on_train_batch_start(trainer, None, torch.zeros(size, 2), batch_idx)
+    trainer.current_epoch = 1
+    guard.on_train_batch_start(trainer, None, torch.zeros(8, 2), 0)
+    trainer.current_epoch = 2
+    with pytest.raises(UserError, match="trains on batches of 4 from epoch 2 on .* the plan gives each device 8"):
+        guard.on_train_batch_start(trainer, None, torch.zeros(4, 2), 0)
+    assert guard.measured == 8

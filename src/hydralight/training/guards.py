@@ -110,10 +110,12 @@ def accumulation_refused(what: str) -> UserError:
 
 
 class PlannedBatch(pl.Callback):
-    """Measures the first training batch each rank really gets and refuses, in one line before that step
-    trains, one that is not the plan's per-device batch (a data module that divides or ignores `batch_size`);
-    each rank's measurement goes into its rank record (`ranks/rank<N>.json`, `train_batch_size`). Refuses as
-    well an accumulation that is not the plan's (Lightning's GradientAccumulationScheduler sets its own)."""
+    """Measures the first training batch each rank really gets, and the first of every later epoch (a data module
+    that builds its loaders again, `reload_dataloaders_every_n_epochs`), and refuses, in one line before that
+    step trains, one that is not the plan's per-device batch (a data module that divides or ignores
+    `batch_size`); each rank's first measurement goes into its rank record (`ranks/rank<N>.json`,
+    `train_batch_size`). Refuses as well an accumulation that is not the plan's (Lightning's
+    GradientAccumulationScheduler sets its own)."""
 
     def __init__(
         self, per_device_size: int, rank_record: Callable[[int], Path] | None = None, accumulation: int = 1
@@ -122,27 +124,33 @@ class PlannedBatch(pl.Callback):
         self.rank_record = rank_record
         self.accumulation = accumulation
         self.measured: int | None = None
+        self._epoch: int | None = None  # the last epoch whose first batch was measured
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if trainer.accumulate_grad_batches != self.accumulation:  # set by a module's configure_callbacks
             raise accumulation_refused(f"{trainer.accumulate_grad_batches} batches an optimizer step")
-        if self.measured is not None:
-            return
+        if self.measured is not None and (batch_idx != 0 or trainer.current_epoch == self._epoch):
+            return  # one batch an epoch is measured: every step would cost each step
+        self._epoch = trainer.current_epoch
         try:
             with warnings.catch_warnings():  # tensors of several lengths: the first one's is the batch's
                 warnings.simplefilter("ignore")
-                self.measured = extract_batch_size(batch)
+                size = extract_batch_size(batch)
         except Exception:  # a batch of no tensors: nothing to measure
-            self.measured = -1
+            self.measured = -1 if self.measured is None else self.measured
             return
-        self._record(trainer.global_rank)
+        first = self.measured is None
+        if first:
+            self.measured = size
+            self._record(trainer.global_rank)
         last = isinstance(trainer.num_training_batches, int) and batch_idx == trainer.num_training_batches - 1
-        if self.measured == self.per_device_size or (last and self.measured < self.per_device_size):
+        if size == self.per_device_size or (last and size < self.per_device_size):
             return  # a resumed run may start at the short last batch of an epoch
+        again = "" if first else f" from epoch {trainer.current_epoch} on (its loaders were built again)"
         raise UserError(
-            f"rank {trainer.global_rank} trains on batches of {self.measured} where the plan gives each device "
+            f"rank {trainer.global_rank} trains on batches of {size}{again} where the plan gives each device "
             f"{self.per_device_size}; its data module's training loader does not use batch_size as given (the "
             "per-device batch): build its loaders with it (set the global batch with batch.global_size)"
         )
