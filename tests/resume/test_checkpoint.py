@@ -142,6 +142,24 @@ def test_another_optimizer_setting_is_refused_naming_the_key(tiny_data, tmp_path
     assert "optim.optimizer differs" in line and "weight_decay=0.1" in line
 
 
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ("seed=7", "seed=7 differs from the seed"),  # it draws the data split: former validation images would train
+        ("data.val_size=50", "data.val_size differs from the one"),
+        ("objective.direction=min", "objective min val/acc differs from the one"),
+    ],
+)
+def test_what_the_data_or_the_best_checkpoint_depend_on_cannot_change_when_continuing(tiny_data, tmp_path, change,
+                                                                                      said):  # fmt: skip
+    run = tmp_path / "run"
+    ok(run_cli([*BASE, "trainer.max_epochs=1"], run, tiny_data))
+    before = files(run)
+    line = one_line(run_cli([*BASE, "trainer.max_epochs=2", change], run, tiny_data))
+    assert said in line and "resume=never" in line, line
+    assert files(run) == before  # refused before anything was written
+
+
 @pytest.mark.slow
 def test_another_batch_size_is_refused_and_init_from_fine_tunes_with_it(tiny_data, tmp_path):
     run = tmp_path / "run"
@@ -216,6 +234,10 @@ def test_eval_takes_the_training_command_and_refuses_another_model_or_a_second_s
     ok(run_cli([*TINY, "mode=eval", f"ckpt_path={last}"], tmp_path / "same", tiny_data))  # the same model: fine
     other = one_line(run_cli([*TINY, "model=cnn", "mode=eval", f"ckpt_path={last}"], tmp_path / "cnn", tiny_data))
     assert "model.net differs: model=cnn" in other and f"init_from={last}" in other
+    no_model = [a for a in TINY if not a.startswith("model=")]
+    preset = one_line(run_cli([*no_model, "experiment=fast", "mode=eval", f"ckpt_path={last}"], tmp_path / "fast",
+                              tiny_data))  # fmt: skip
+    assert "differs: experiment=fast" in preset, preset
     smoothing = one_line(run_cli([*TINY, "mode=eval", f"ckpt_path={last}", "model.label_smoothing=0.2"],
                                  tmp_path / "smooth", tiny_data))  # fmt: skip
     assert "model.label_smoothing differs: model.label_smoothing=0.2" in smoothing
@@ -225,7 +247,7 @@ def test_eval_takes_the_training_command_and_refuses_another_model_or_a_second_s
         run_cli([*TINY, "mode=eval", f"ckpt_path={last}", f"init_from={last}"], tmp_path / "x", tiny_data)
     )
     assert "init_from would be ignored" in unused
-    assert not any((tmp_path / name).exists() for name in ("cnn", "smooth", "both", "x"))
+    assert not any((tmp_path / name).exists() for name in ("cnn", "fast", "smooth", "both", "x"))
 
 
 def test_a_resumed_attempt_reports_its_own_throughput(tiny_data, tmp_path):

@@ -760,6 +760,16 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
         if key == "resume" or key.startswith("hydra") or key in EXTENDABLE:
             continue
         plain = lambda v: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v  # noqa: E731
+        absent = object()
+        if (
+            OmegaConf.select(now, key, default=absent) is absent
+            and OmegaConf.select(then, key, default=absent) is absent
+        ):
+            # A group that is no key of the config (experiment=...): it sets others, and the run's own choice counts.
+            chosen = _chosen_by(earlier, key)
+            if chosen != item.split("=", 1)[-1]:
+                differ.append(f"{key} (run: {chosen}, now: {item.split('=', 1)[-1]})")
+            continue
         if plain(OmegaConf.select(now, key)) != plain(OmegaConf.select(then, key)):
             differ.append(
                 f"{key} (run: {plain(OmegaConf.select(then, key))}, now: {plain(OmegaConf.select(now, key))})"
@@ -784,6 +794,16 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
         )
     moved["resume"] = "auto"
     return moved, str(earlier.path.resolve())
+
+
+def _chosen_by(run: RunDir, group: str) -> str | None:
+    """The option of `group` the run's own command line chose (its Hydra record; None: the default)."""
+    try:
+        overrides = read_yaml_record(run.overrides, "its record", kind=list)
+    except UserError:
+        return None
+    given = [str(item).split("=", 1)[-1] for item in overrides if str(item).split("=", 1)[0].lstrip("+~") == group]
+    return given[-1] if given else None
 
 
 # Keys whose value says where a callback, logger, profiler or the trainer writes its files.

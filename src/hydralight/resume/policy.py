@@ -86,6 +86,10 @@ def record_of(contents: dict[str, Any]) -> dict[str, Any]:
     return {"module": None, "model": None, "sizes": {}, "global_size": None}
 
 
+# Data settings that say where the data is read from, not what it is: a continued run may read it elsewhere.
+_WHERE_DATA_IS = ("dir", "root", "path", "download", "url")
+
+
 class Resume:
     """The run's resume decision, carried out in three steps around the module the run builds (hydralight.training
     builds it): `model`, what to build; `load`, the checkpoint checked against it and its weights loaded; `save`,
@@ -112,6 +116,10 @@ class Resume:
             "model": self.plan.model.spec,
             "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()},
             "global_size": self.plan.task.global_size,
+            # What else a continuation must keep: the data the run draws, and what its best checkpoint is by.
+            "seed": self.plan.seed,
+            "data": self.plan.data.spec,
+            "objective": [self.plan.objective.metric, self.plan.objective.direction],
             "options": {
                 "invariant_dropout": self.plan.model.invariant_dropout,
                 "global_batchnorm": self.plan.global_batchnorm,
@@ -139,7 +147,7 @@ class Resume:
             raise UserError(
                 f"mode={self.decision.mode} {uses} the module {path} holds, built as it was trained, but the command "
                 f"line asks for another ({key} differs: {asks}), which would be ignored; drop it (to train that model "
-                f"from the checkpoint's weights: init_from={path})"
+                f"from the checkpoint's weights, when they fit it: init_from={path})"
             )
         model = model_of(contents, self.plan.model)
         check_built_from(contents, model, configured_targets(self.plan.config), f"ckpt_path={path}")
@@ -234,6 +242,7 @@ class Resume:
                 f"continue with batch.global_size={size}, or start a new run from its weights with "
                 f"init_from={source} resume=never"
             )
+        self._check_same_run(then, source)
         fresh = f"or start a new run from its weights with a fresh optimizer: init_from={source} resume=never"
         for key in sorted(set(then_hparams) & set(now_hparams) - {"lr"}):
             if then_hparams[key] != now_hparams[key]:
@@ -242,6 +251,31 @@ class Resume:
                     f"{name} differs from the one {source} was trained with ({describe(then_hparams[key])}, now "
                     f"{describe(now_hparams[key])}); keep it to continue that run, {fresh}"
                 )
+
+    def _check_same_run(self, then: dict[str, Any], source: Any) -> None:
+        """What a continued run must keep besides its model and batch (checkpoints of earlier versions do not
+        record it): the seed (it draws the data split and order), the data's own settings but where it is read
+        from, and the objective its best checkpoint so far was chosen by."""
+        new_run = "or start a new run with resume=never (or another run dir)"
+        if "seed" in then and then["seed"] != self.plan.seed:
+            raise UserError(
+                f"seed={self.plan.seed} differs from the seed {source} was trained with ({then['seed']}), which "
+                f"draws its data split and order; keep seed={then['seed']} to continue that run, {new_run}"
+            )
+        data, now = then.get("data") or {}, self.plan.data.spec
+        for key in sorted(set(data) | set(now)):
+            if "data" in then and not any(part in key for part in _WHERE_DATA_IS) and data.get(key) != now.get(key):
+                raise UserError(
+                    f"data.{key} differs from the one {source} was trained with ({data.get(key)}, now "
+                    f"{now.get(key)}): the data it trains and validates on would change; keep it to continue that "
+                    f"run, {new_run}"
+                )
+        objective = [self.plan.objective.metric, self.plan.objective.direction]
+        if "objective" in then and list(then["objective"]) != objective:
+            raise UserError(
+                f"objective {' '.join(reversed(objective))} differs from the one {source} chose its best checkpoint "
+                f"by ({' '.join(reversed(list(then['objective'])))}); keep it to continue that run, {new_run}"
+            )
 
     # -- 3. what checkpoints hold; the checkpoint tested ------------------------------------------------
 
@@ -276,12 +310,12 @@ def _asked_otherwise(
     then: dict[str, Any], now: dict[str, Any], overrides: list[str], how_it_runs: tuple[str, ...]
 ) -> list[tuple[str, str]]:
     """The model keys the command line asks for that differ from a checkpoint's model config, each with the
-    override that asks: a `model=` option asks for its module (and the networks it names), `model.<key>=` for
-    that key. How it runs (the module's `how_it_runs`) is this run's choice and asks for nothing."""
+    override that asks: a `model=` option (or an `experiment=` preset) asks for its module (and the networks it
+    names), `model.<key>=` for that key. How it runs (the module's `how_it_runs`) is this run's choice and asks for nothing."""
     asked = []
     for override in reversed(overrides):  # the last one of a key is the one that stands
         key = re.sub(r"^[+~]*", "", override).split("=", 1)[0]
-        if key == "model":
+        if key in ("model", "experiment"):  # an experiment preset picks its model too
             keys = ["_target_", *(f"{k}._target_" for k in sorted(_nested_targets(then) | _nested_targets(now)))]
         elif key.startswith("model.") and key.split(".")[1] not in how_it_runs:
             keys = [key.removeprefix("model.")]
