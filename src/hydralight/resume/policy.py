@@ -86,8 +86,9 @@ def record_of(contents: dict[str, Any]) -> dict[str, Any]:
     return {"module": None, "model": None, "sizes": {}, "global_size": None}
 
 
-# Data settings that say where the data is read from, not what it is: a continued run may read it elsewhere.
-_WHERE_DATA_IS = ("dir", "root", "path", "download", "url")
+# Data settings that say where and how the data is read, not what it is: a continued run (requeued on another
+# node, say) may read it elsewhere, or otherwise.
+_WHERE_DATA_IS = ("dir", "root", "path", "download", "url", "loader", "memory", "cache")
 
 
 class Resume:
