@@ -134,4 +134,6 @@ def test_plan_true_refuses_what_the_run_would(tmp_path):
     for extra in (["plan=true"], ["trainer.max_steps=1"]):
         line = one_line(run_cli([*args, *extra], tmp_path / "run", cwd=tmp_path, PYTHONPATH=str(tmp_path)))
         assert line.startswith("error: Needs needs width, which model does not give"), line
-        assert "set model.width=<value>" in line and not (tmp_path / "run").exists()
+        assert "add +model.width=<value>" in line and not (tmp_path / "run").exists()
+    followed = run_cli([*args, "+model.width=3", "plan=true"], tmp_path / "run", cwd=tmp_path, PYTHONPATH=str(tmp_path))
+    assert followed.returncode == 0, followed.stderr[-2000:]  # the advice, taken as written

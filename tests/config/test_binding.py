@@ -45,7 +45,7 @@ def test_an_argument_without_a_default_that_nothing_gives_is_one_line():
     with pytest.raises(UserError) as err:
         bind(Needs, {}, {"vocab_size": 65}, "model")
     assert str(err.value).startswith("Needs needs hidden, which model does not give and the run does not offer")
-    assert "set model.hidden=<value>" in str(err.value)
+    assert "add +model.hidden=<value>" in str(err.value)
 
 
 def test_what_the_config_the_plan_or_the_data_later_gives_is_not_missing():
@@ -104,3 +104,31 @@ def test_a_plan_value_its_config_holds_one_level_down_names_where():
     with pytest.raises(UserError) as err:
         bind(OwnOptimizer, spec, {"lr": 0.01}, "model", explicit={"lr": "optim.lr=0.01"}, pending=None)
     assert str(err.value).endswith("set model.optimizer.lr instead")
+
+
+class Lists:
+    def __init__(self, width: int = 8, rate: float = 0.1, sizes: list[int] = (1,), split: tuple[int, int, int] = (1, 2, 3),
+                 free=None, maybe: int | None = 3, sloppy: int = None) -> None:  # noqa: RUF013  # fmt: skip
+        self.width = width
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ({"width": None}, "model.width=null is no value for Lists's width: int; give an integer"),
+        ({"rate": [1, 2]}, "model.rate=[1, 2] is not a number"),
+        ({"width": [1]}, "model.width=[1] is not an integer"),
+        ({"sizes": ["a", "b"]}, "model.sizes=['a', 'b'] is not a list whose values are each an integer (a is not)"),
+        ({"split": [5, 5, "abc"]}, "model.split=[5, 5, 'abc'] is not a list whose values are each an integer (abc is"),
+        ({"split": [5, 5]}, "model.split=[5, 5] is not a list of 3 values"),
+    ],
+)
+def test_nulls_lists_and_their_values_are_checked_against_the_annotation(spec, said):
+    with pytest.raises(UserError) as err:
+        bind(Lists, spec, {}, "model", pending=None)
+    assert str(err.value).startswith(said), str(err.value)
+
+
+def test_null_passes_where_the_annotation_or_the_default_allows_it():
+    spec = {"free": None, "maybe": None, "sloppy": None, "sizes": [1, "2"], "split": [1, 2, 3]}
+    assert bind(Lists, spec, {}, "model", pending=None) == {}

@@ -8,7 +8,7 @@ from conftest import TINY, one_line, run_cli
     ("overrides", "said"),
     [
         (["+optim.optimizer.betas=[2,0.9]"], "optim.optimizer (Adam) refuses its config: Invalid beta parameter"),
-        (["+optim.optimizer.betas=[0.9]"], "optim.optimizer (Adam) refuses its config: list index out of range; fix"),
+        (["+optim.optimizer.betas=[0.9]"], "optim.optimizer.betas=[0.9] is not a list of 2 values, which Adam takes"),
         # Named before anything is built: the arguments the optimizer takes, the class that is not there.
         (["+optim.optimizer.momentun=0.9"], "optim.optimizer.momentun is not an argument of Adam (it takes amsgrad"),
         (["optim.optimizer._target_=torch.optim.Adamx"], "optim.optimizer._target_=torch.optim.Adamx cannot be imp"),

@@ -123,7 +123,7 @@ def bind(
             came = f" (its config came from {origin})" if origin else ""
             raise UserError(
                 f"{name} needs {', '.join(missing)}, which {key} does not give and the run does not offer{came}; "
-                f"set {key}.{missing[0]}=<value>, or give the argument a default"
+                f"add +{key}.{missing[0]}=<value>, or give the argument a default"
             )
     return given
 
@@ -162,6 +162,10 @@ def _check_annotated_types(target: Any, spec: Mapping[str, Any], key: str, name:
     except Exception:  # no signature, or annotations that do not evaluate: nothing to check against
         return
     for arg, value in spec.items():
+        if arg in params and value is None and params[arg].default is not None and not _takes_none(params[arg]):
+            wanted = _not_of(params[arg].annotation, _NULL)
+            if wanted is not None:  # an annotation without None, and no None default: null is no value for it
+                raise UserError(f"{key}.{arg}=null is no value for {name}'s {arg}: {wanted[1]}; give {wanted[0]}")
         if arg in params and not isinstance(value, dict) and value is not None:
             wrong = _not_of(params[arg].annotation, value)
             if wrong is not None:
@@ -183,7 +187,15 @@ def _not_of(annotation: Any, value: Any) -> tuple[str, str] | None:
         return None  # a word is welcome, or the annotation is not a plain type
     asked = " | ".join(k.__name__ if inspect.isclass(k) else str(k).replace("typing.", "") for k in kinds)
     scalars = [k for k in kinds if k in _SCALARS]
+    sequences = (list, tuple, collections.abc.Sequence)
+    if value is _NULL:  # what to say instead of null, when the annotation tells
+        if scalars:
+            return _SCALARS[scalars[0]][0], asked
+        known = all((typing.get_origin(k) or k) in sequences for k in kinds)
+        return ("a list", asked) if known else None
     if scalars:
+        if isinstance(value, list | tuple | dict) and len(scalars) == len(kinds):
+            return _SCALARS[scalars[0]][0], asked  # `width=[1]` for an int
         if isinstance(value, str):
             readable = False
             for kind in scalars:
@@ -196,15 +208,46 @@ def _not_of(annotation: Any, value: Any) -> tuple[str, str] | None:
         if isinstance(value, float) and scalars == [int] and len(kinds) == 1:
             return _SCALARS[int][0], asked  # `hidden=1.5` (or 2.0) for an int
         return None
-    sequences = (list, tuple, collections.abc.Sequence)
-    if all((typing.get_origin(k) or k) in sequences for k in kinds) and isinstance(value, str | int | float):
-        return "a list", asked  # `split=abc` for a `tuple[int, int, int]`
+    if all((typing.get_origin(k) or k) in sequences for k in kinds):
+        if isinstance(value, str | int | float):
+            return "a list", asked  # `split=abc` for a `tuple[int, int, int]`
+        if isinstance(value, list | tuple) and len(kinds) == 1:
+            return _not_in(kinds[0], value, asked)
     if isinstance(value, str):
         for kind in kinds:
             mro = {f"{c.__module__}.{c.__qualname__}" for c in getattr(kind, "__mro__", ())}
             said = next((what for base, what in _OBJECTS.items() if base in mro), None)
             if said is not None:
                 return f"{said} (a config with a _target_)", asked
+    return None
+
+
+_NULL = object()  # stands for a null value in `_not_of`: what the annotation asks instead
+
+
+def _takes_none(param: inspect.Parameter) -> bool:
+    """Whether an argument's annotation names None (`int | None`, `Optional[int]`)."""
+    import types
+    import typing
+
+    wanted = param.annotation
+    return typing.get_origin(wanted) in (typing.Union, types.UnionType) and type(None) in typing.get_args(wanted)
+
+
+def _not_in(annotation: Any, items: list[Any] | tuple[Any, ...], asked: str) -> tuple[str, str] | None:
+    """An element of a list that cannot be what `list[int]` or `tuple[int, int, int]` asks for each place."""
+    import typing
+
+    inner = typing.get_args(annotation)
+    if len(inner) == 2 and inner[1] is Ellipsis:  # tuple[int, ...]
+        inner = (inner[0],)
+    if len(inner) > 1 and len(inner) != len(items):
+        return f"a list of {len(inner)} values", asked
+    for place, item in enumerate(items):
+        kind = inner[place] if len(inner) > 1 else (inner[0] if inner else None)
+        wrong = _not_of(kind, item) if kind is not None and not isinstance(item, dict) else None
+        if wrong is not None:
+            return f"a list whose values are each {wrong[0]} ({item} is not)", asked
     return None
 
 
