@@ -72,7 +72,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     from hydralight.training.console import apply_extras, quiet_framework, say, show_start, testing
     from hydralight.training.invariance import make_invariant
     from hydralight.training.loggers import build_loggers, wandb_scope
-    from hydralight.training.modules import build_module, tests
+    from hydralight.training.modules import build_module, check_constructors, tests
     from hydralight.training.predictions import (
         PredictionWriter,
         predict,
@@ -93,6 +93,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
 
     # 1. Check the plan against this machine; build what writes nothing: data, module, the resume decision.
     check_plan(plan, machine)
+    check_constructors(plan)  # before the data module's prepare_data may download
     this_machine.seed(plan.seed)
     data = build_datamodule(plan.data.spec, plan.data.offered, plan.data.explicit)
     if is_rank_zero():
@@ -225,14 +226,9 @@ def main(cfg: DictConfig) -> float | None:
                 plan = resolve(cfg, machine, job)
                 if cfg.plan:  # printed, and the run dir Hydra made removed, once: by rank 0 of a torchrun launch
                     if is_rank_zero():
-                        from hydralight.data.contract import datamodule_kwargs, size_names
-                        from hydralight.training.modules import constructor_kwargs
+                        from hydralight.training.modules import check_constructors
 
-                        # What the constructors of the data module and the module take, checked as the run will
-                        # call them (no data is read: the sizes the data states come with it).
-                        datamodule_kwargs(plan.data.spec, plan.data.offered, plan.data.explicit)
-                        if plan.resume.mode == "train":
-                            constructor_kwargs(plan.model, {}, pending=size_names(plan.data.spec))
+                        check_constructors(plan)
                         print(plan.table(), end="")
                         restore_record(run_dir, refused=True)  # an earlier run's record there, as it was
                         kept = claim is not None and not claim.made_folder

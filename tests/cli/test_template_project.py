@@ -165,3 +165,24 @@ def test_an_evaluation_limit_scores_the_same_samples_on_1_and_2_processes_with_t
         scored[devices] = json.loads((tmp_path / f"eval{devices}" / "results.json").read_text())["test"]
     assert scored[2]["test/acc"] == pytest.approx(scored[1]["test/acc"], abs=1e-6)
     assert scored[2]["test/loss"] == pytest.approx(scored[1]["test/loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("mistake", "said"),
+    [
+        ("model.net._target_=src.models.components.nowhere.Net", "model.net._target_=src.models.components.nowhere"),
+        ("model.net.lin1_size=abc", "model.net.lin1_size=abc is not an integer, which SimpleDenseNet takes"),
+        ("+model.net.lin1_sz=3", "model.net.lin1_sz is not an argument of SimpleDenseNet"),
+        ("data.data_dir=null", "data.data_dir=null is no value for MNISTDataModule's data_dir: str"),
+    ],
+)
+def test_a_mistake_in_the_template_s_nested_network_or_data_is_one_line_by_plan_true_too(
+    tiny_data, tmp_path, mistake, said
+):
+    from conftest import one_line
+
+    for extra in (["plan=true"], ["trainer.max_steps=1"]):
+        line = one_line(run_cli([*ARGS, mistake, *extra], tmp_path / "run", tiny_data, cwd=PROJECT,
+                                PYTHONPATH=str(PROJECT)))  # fmt: skip
+        assert said in line, (extra, line)
+        assert not (tmp_path / "run").exists()

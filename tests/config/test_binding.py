@@ -132,3 +132,13 @@ def test_nulls_lists_and_their_values_are_checked_against_the_annotation(spec, s
 def test_null_passes_where_the_annotation_or_the_default_allows_it():
     spec = {"free": None, "maybe": None, "sloppy": None, "sizes": [1, "2"], "split": [1, 2, 3]}
     assert bind(Lists, spec, {}, "model", pending=None) == {}
+
+
+def test_null_for_a_string_is_refused_and_for_an_object_left_to_the_module():
+    class Data:
+        def __init__(self, data_dir: str = "data/", scheduler: torch.optim.lr_scheduler.LRScheduler = ...) -> None:
+            self.data_dir, self.scheduler = data_dir, scheduler
+
+    with pytest.raises(UserError, match="data.data_dir=null is no value for .*data_dir: str; give a string"):
+        bind(Data, {"data_dir": None}, {}, "data", pending=None)
+    assert bind(Data, {"scheduler": None}, {}, "data", pending=None) == {}  # `if scheduler is not None:` in its code

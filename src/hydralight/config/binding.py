@@ -183,6 +183,8 @@ def _not_of(annotation: Any, value: Any) -> tuple[str, str] | None:
     kinds = [annotation]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # `float | None`, `float | Tensor`
         kinds = [k for k in typing.get_args(annotation) if k is not type(None)]
+    if value is _NULL and kinds == [str]:
+        return "a string", "str"  # `data_dir=null` for `data_dir: str`
     if any(k is str or k is Any or not (inspect.isclass(k) or typing.get_origin(k)) for k in kinds):
         return None  # a word is welcome, or the annotation is not a plain type
     asked = " | ".join(k.__name__ if inspect.isclass(k) else str(k).replace("typing.", "") for k in kinds)
@@ -191,8 +193,8 @@ def _not_of(annotation: Any, value: Any) -> tuple[str, str] | None:
     if value is _NULL:  # what to say instead of null, when the annotation tells
         if scalars:
             return _SCALARS[scalars[0]][0], asked
-        known = all((typing.get_origin(k) or k) in sequences for k in kinds)
-        return ("a list", asked) if known else None
+        # (An object, such as a scheduler, is often optional in a module's code whatever its annotation says.)
+        return ("a list", asked) if all((typing.get_origin(k) or k) in sequences for k in kinds) else None
     if scalars:
         if isinstance(value, list | tuple | dict) and len(scalars) == len(kinds):
             return _SCALARS[scalars[0]][0], asked  # `width=[1]` for an int
@@ -214,12 +216,16 @@ def _not_of(annotation: Any, value: Any) -> tuple[str, str] | None:
         if isinstance(value, list | tuple) and len(kinds) == 1:
             return _not_in(kinds[0], value, asked)
     if isinstance(value, str):
-        for kind in kinds:
-            mro = {f"{c.__module__}.{c.__qualname__}" for c in getattr(kind, "__mro__", ())}
-            said = next((what for base, what in _OBJECTS.items() if base in mro), None)
-            if said is not None:
-                return f"{said} (a config with a _target_)", asked
+        said = next((what for what in map(_object_of, kinds) if what), None)
+        if said is not None:
+            return f"{said} (a config with a _target_)", asked
     return None
+
+
+def _object_of(kind: Any) -> str | None:
+    """What `kind` is among the objects a config gives as a `_target_` (`_OBJECTS`), if it is one."""
+    mro = {f"{c.__module__}.{c.__qualname__}" for c in getattr(kind, "__mro__", ())}
+    return next((what for base, what in _OBJECTS.items() if base in mro), None)
 
 
 _NULL = object()  # stands for a null value in `_not_of`: what the annotation asks instead

@@ -13,7 +13,7 @@ from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import nn
 
 from hydralight.config.binding import bind, import_target, instantiate
-from hydralight.config.plan import ModelPlan
+from hydralight.config.plan import ModelPlan, RunPlan
 from hydralight.errors import UserError
 
 
@@ -58,12 +58,33 @@ def constructor_kwargs(model: ModelPlan, sizes: dict[str, Any], pending: Collect
                 f"model.{key}={given} differs from the {key} the data states ({size}); drop model.{key}: "
                 "the module gets it from the data"
             )
-    if model.spec.get("_recursive_") is False:  # a module that builds its nested targets: their arguments too
-        for key, nested in model.spec.items():
-            if isinstance(nested, dict) and "_target_" in nested and not nested.get("_partial_"):
-                target = import_target(str(nested["_target_"]), f"model.{key}._target_")
-                bind(target, nested, {}, f"model.{key}", origin=origin(model), pending=None)
+    # Its nested targets (a network): Hydra builds them from their own config first, unless the module
+    # builds them itself (`_recursive_: false`) and may give them more.
+    _check_nested(model.spec, "model", origin(model), complete=model.spec.get("_recursive_") is not False)
     return bind(cls, model.spec, offered, "model", explicit=model.explicit, origin=origin(model), pending=pending)
+
+
+def _check_nested(spec: dict[str, Any], key: str, came: str | None, complete: bool) -> None:
+    """The `_target_`s nested in `spec`, at any depth, each checked against its constructor as `bind` checks the
+    module's (`complete`: what its config gives is all it gets, as when Hydra builds it)."""
+    for name, nested in spec.items():
+        if not isinstance(nested, dict):
+            continue
+        where = f"{key}.{name}"
+        if "_target_" in nested and not nested.get("_partial_"):
+            target = import_target(str(nested["_target_"]), f"{where}._target_")
+            bind(target, nested, {}, where, origin=came, pending=() if complete else None)
+        _check_nested(nested, where, came, complete)
+
+
+def check_constructors(plan: RunPlan) -> None:
+    """What the constructors of the data module and the module (and their nested targets) take, checked as the
+    run will call them, before any data is read or downloaded (the sizes the data states come with it)."""
+    from hydralight.data.contract import datamodule_kwargs, size_names
+
+    datamodule_kwargs(plan.data.spec, plan.data.offered, plan.data.explicit)
+    if plan.resume.mode == "train":  # mode=eval/predict: the module the checkpoint holds, checked with it
+        constructor_kwargs(plan.model, {}, pending=size_names(plan.data.spec))
 
 
 def build_module(model: ModelPlan, sizes: dict[str, Any]) -> pl.LightningModule:
