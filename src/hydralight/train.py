@@ -281,7 +281,7 @@ def main(cfg: DictConfig) -> float | None:
 
             print(f"error: job {HydraConfig.get().job.num} ({run_dir}): {err}", file=sys.stderr, flush=True)
             REFUSED_HERE[run_dir.name] = str(err)
-            if claim is not None:  # a job dir of the user's (refused as such) gets no record of ours
+            if claim is not None and not cfg.plan:  # a job dir of the user's (refused as such) gets no record of ours
                 from hydralight.rundir.layout import RunDir
 
                 record_failure(RunDir(run_dir), str(err), job.overrides)

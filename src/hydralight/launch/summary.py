@@ -45,8 +45,13 @@ class SweepSummary(Callback):
     when no trial did)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.get("plan") is True:
-            return  # each job's plan printed, nothing run
+        if config.get("plan") is True:  # each job's plan printed, nothing run: one that was refused said why
+            from hydralight.rundir.outcome import REFUSED_HERE
+
+            if REFUSED_HERE:
+                print(f"{len(REFUSED_HERE)} job(s) refused: their plans would not run", flush=True)
+                raise SystemExit(1)
+            return
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
             # A search expects some trials to fail; it failed only when none succeeded.
