@@ -88,7 +88,8 @@ def test_the_planned_batch_is_measured_at_the_start_of_every_epoch():
     """A data module that builds its loaders again each epoch (`reload_dataloaders_every_n_epochs`) and halves
     its batch from the second epoch on is stopped before that epoch trains; a short last batch is not."""
     guard = PlannedBatch(8)
-    trainer = SimpleNamespace(accumulate_grad_batches=1, global_rank=0, num_training_batches=3, current_epoch=0)
+    trainer = SimpleNamespace(accumulate_grad_batches=1, global_rank=0, num_training_batches=3, current_epoch=0,
+                              world_size=1)  # fmt: skip
     for batch_idx, size in enumerate((8, 8, 5)):  # epoch 0 ends on a short batch
         guard.on_train_batch_start(trainer, None, torch.zeros(size, 2), batch_idx)
     trainer.current_epoch = 1
@@ -97,3 +98,11 @@ def test_the_planned_batch_is_measured_at_the_start_of_every_epoch():
     with pytest.raises(UserError, match="trains on batches of 4 from epoch 2 on .* the plan gives each device 8"):
         guard.on_train_batch_start(trainer, None, torch.zeros(4, 2), 0)
     assert guard.measured == 8
+
+
+def test_training_data_smaller_than_one_batch_is_refused():
+    guard = PlannedBatch(100_000)
+    trainer = SimpleNamespace(accumulate_grad_batches=1, global_rank=0, num_training_batches=1, current_epoch=0,
+                              world_size=1)  # fmt: skip
+    with pytest.raises(UserError, match="one batch of 55000 an epoch where the plan gives each device 100000"):
+        guard.on_train_batch_start(trainer, None, torch.zeros(55_000, 1), 0)

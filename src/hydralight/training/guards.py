@@ -145,7 +145,14 @@ class PlannedBatch(pl.Callback):
         if first:
             self.measured = size
             self._record(trainer.global_rank)
-        last = isinstance(trainer.num_training_batches, int) and batch_idx == trainer.num_training_batches - 1
+        batches = trainer.num_training_batches
+        last = isinstance(batches, int) and batch_idx == batches - 1
+        if size < self.per_device_size and last and batches == 1:
+            raise UserError(
+                f"rank {trainer.global_rank} trains on one batch of {size} an epoch where the plan gives each device "
+                f"{self.per_device_size}: its training data is smaller than one batch; lower batch.global_size (at "
+                f"most {size * trainer.world_size} here) or give it more data"
+            )
         if size == self.per_device_size or (last and size < self.per_device_size):
             return  # a resumed run may start at the short last batch of an epoch
         again = "" if first else f" from epoch {trainer.current_epoch} on (its loaders were built again)"
