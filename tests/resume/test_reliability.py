@@ -186,6 +186,14 @@ def test_resume_a_run_by_its_dir_and_refuse_another_experiment(tiny_data, tmp_pa
     assert "is a different experiment: experiment (run: None, now: fast)" in line, line
 
 
+def test_resume_given_a_checkpoint_file_names_ckpt_path(tiny_data, tmp_path):
+    checkpoint = tmp_path / "last.ckpt"
+    checkpoint.write_bytes(b"not read")
+    line = one_line(run_cli([*TINY, f"resume={checkpoint}"], tmp_path / "run", tiny_data))
+    assert f"resume={checkpoint} is a file" in line and f"give ckpt_path={checkpoint}" in line, line
+    assert checkpoint.read_bytes() == b"not read" and not (tmp_path / "run").exists()
+
+
 def test_output_dir_that_cannot_be_written(tiny_data, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

@@ -313,6 +313,12 @@ def explain(err: BaseException, overrides: list[str]) -> str:
             or template_key(name)
             or f"{name} is not a config key; check the spelling (`--cfg job` prints the config)"
         )
+    if m := re.search(r"Could not load '([\w/]+)/([^']+)'", text):  # an option misspelt in a list of them
+        group, name = m.group(1).split("/")[-1], m.group(2)
+        if options := _options(m.group(1)):
+            return f"{group}={name} is not an option of {group}; use one of {', '.join(options)}"
+    if re.search(r"Invalid value assigned: \w+ is not a ListConfig", text) and key in given:
+        return f"{key}={given[key]} is not a list; write {key}=[{given[key]}]"
     if "Config group override must be a string or a list" in text:  # `precision=16`: a number for an option name
         for item in overrides:
             group, _, value = item.lstrip("+~").partition("=")

@@ -56,6 +56,11 @@ def launch_run_dir(resume: Any, mode: Any) -> str | None:
     SLURM job id, which a requeued job keeps), where Hydra would give each rank its own time-stamped dir.
     None: a new dated folder (conf/hydra/default.yaml)."""
     if str(resume) not in ("auto", "never", "None", "") and getattr(mode, "name", str(mode)) == "train":
+        if os.path.isfile(str(resume)):
+            raise UserError(
+                f"resume={resume} is a file; resume takes the run dir of an earlier run (outputs/<date>/<time>): to "
+                f"continue from a checkpoint file, give ckpt_path={resume}"
+            )
         return str(resume)
     launcher = external_launcher()
     if launcher == "torchrun":
