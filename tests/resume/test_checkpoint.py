@@ -41,6 +41,9 @@ def test_a_copied_run_dir_is_a_run_of_its_own(tiny_data, tmp_path, devices):
     assert files(original) == before, "continuing the copy changed the original"
     assert results(copy)["global_step"] == 30 and results(copy)["best_checkpoint"].startswith(str(copy))
     assert max(int(r["step"]) for r in csv_rows(copy)) == 30
+    # Its best checkpoint so far was kept in mind where it now lies: one best is left (save_top_k=1), not one
+    # from before the copy that Lightning forgot beside one from after it.
+    assert len([p for p in (copy / "checkpoints").glob("epoch*.ckpt")]) == 1, sorted((copy / "checkpoints").iterdir())
 
 
 @pytest.mark.slow

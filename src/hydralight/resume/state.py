@@ -12,6 +12,7 @@ restored optimizer when no schedule sets the rates, refused otherwise.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import pytorch_lightning as pl
@@ -63,6 +64,30 @@ def epochs_done(checkpoint: dict[str, Any]) -> int:
     return int((progress or {}).get("processed", checkpoint.get("epoch") or 0))
 
 
+def moved_with_the_run(state: dict[str, Any], dirpath: str) -> None:
+    """A checkpoint callback's saved state, where the run dir was moved or copied since: its best checkpoints are
+    the ones in this run's checkpoint folder (Lightning would forget them for another folder, and keep a best
+    path into the old one); a file not found here is left out, so nothing is read from or removed in the old."""
+    old = str(state.get("dirpath") or "").rstrip("/")
+    if not old or os.path.realpath(old) == os.path.realpath(dirpath):
+        return
+
+    def here(path: Any) -> str | None:
+        if not isinstance(path, str) or not path.startswith(f"{old}/"):
+            return None
+        moved = os.path.join(dirpath, path[len(old) + 1 :])
+        return moved if os.path.isfile(moved) else None
+
+    state["dirpath"] = dirpath
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        state[key] = here(state.get(key)) or ""
+    state["best_k_models"] = {
+        moved: score for path, score in (state.get("best_k_models") or {}).items() if (moved := here(path))
+    }
+    if not state["best_model_path"]:
+        state["best_model_score"] = None
+
+
 class ResumeState(pl.Callback):
     """Saves the run's record, the random state and plain hyperparameters into every checkpoint; checks and
     applies a continued run's changes once Lightning restored the checkpoint (see the module)."""
@@ -106,6 +131,10 @@ class ResumeState(pl.Callback):
             torch.cuda.set_rng_state_all(rng["cuda"])
         if trainer.state.fn != "fit":
             return
+        for callback in trainer.checkpoint_callbacks:
+            state = (checkpoint.get("callbacks") or {}).get(getattr(callback, "state_key", None))
+            if isinstance(state, dict) and isinstance(getattr(callback, "dirpath", None), str):
+                moved_with_the_run(state, callback.dirpath)
         if mid_epoch(checkpoint) and not loader_state_saved(checkpoint):
             # The training loader keeps no position: the epoch it stopped in starts over.
             record_loop_state(checkpoint, "epoch start", checkpoint.get("global_step", 0))
