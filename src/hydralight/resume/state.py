@@ -133,8 +133,9 @@ class ResumeState(pl.Callback):
             return
         for callback in trainer.checkpoint_callbacks:
             state = (checkpoint.get("callbacks") or {}).get(getattr(callback, "state_key", None))
-            if isinstance(state, dict) and isinstance(getattr(callback, "dirpath", None), str):
-                moved_with_the_run(state, callback.dirpath)
+            dirpath = getattr(callback, "dirpath", None)  # a ModelCheckpoint's folder
+            if isinstance(state, dict) and isinstance(dirpath, str):
+                moved_with_the_run(state, dirpath)
         if mid_epoch(checkpoint) and not loader_state_saved(checkpoint):
             # The training loader keeps no position: the epoch it stopped in starts over.
             record_loop_state(checkpoint, "epoch start", checkpoint.get("global_step", 0))
