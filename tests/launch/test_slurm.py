@@ -189,6 +189,20 @@ def test_refused_submission_is_one_line(cluster, tiny_data, tmp_path, args, mess
     assert not (tmp_path / "sweep").exists()  # nothing submitted: no job scripts or pickles left, no sweep dir
 
 
+def test_a_sweep_refused_part_way_cancels_what_it_submitted_before(cluster, tiny_data, tmp_path):
+    """Job 0 fits the cluster, job 1 asks for more CPUs than a node has: sbatch takes the first and refuses the
+    second. The sweep is refused as a whole: job 0 does not run on unwatched."""
+    sweep_dir = tmp_path / "sweep"
+    code, output = sweep([*TINY, "hardware.cpus_per_task=1,64", "hardware.mem_gb=1"], sweep_dir, tiny_data, sized=False)
+    assert code == 2, output
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: SLURM refused the job"), output[-2000:]
+    assert "the 1 job(s) it had submitted before are cancelled" in errors[0]
+    (first,) = job_ids(output)
+    assert final_state(first).startswith("CANCELLED")
+    assert not (sweep_dir / "0" / "results.json").exists()
+
+
 def requeue_and_finish(job_id: str, proc: subprocess.Popen) -> str:
     """Send the time-limit warning signal, wait until the job is requeued, let it start again at once (SLURM
     holds a requeued job ~2 minutes), and check the sweep and the job end well after one restart."""

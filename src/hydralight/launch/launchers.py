@@ -410,11 +410,17 @@ class PlannedLauncherMixin:
             try:
                 submitted = executor.map_array(SealedJob(), [Sealed((self, arguments[i])) for i in indices])
             except Exception as err:  # sbatch said no: bad partition, resources the cluster does not have
-                if all(job is None for job in jobs):  # nothing runs: what this sweep wrote goes
-                    _remove_written(scripts, written_before)
-                    discard_refused_sweep(self.config)
+                # The sweep is refused as a whole: what it submitted before is cancelled (it would run on with no
+                # one waiting for it or counting it), and what it wrote goes.
+                earlier = [job for job in jobs if job is not None]
+                for job in earlier:
+                    with contextlib.suppress(Exception):
+                        job.cancel(check=False)
+                _remove_written(scripts, written_before)
+                discard_refused_sweep(self.config)
                 asked = ", ".join(f"{k}={v}" for k, v in request if v is not None)
-                raise UserError(f"SLURM refused the job ({asked}): {sbatch_refusal(err)}") from None
+                cancelled = f"; the {len(earlier)} job(s) it had submitted before are cancelled" if earlier else ""
+                raise UserError(f"SLURM refused the job ({asked}): {sbatch_refusal(err)}{cancelled}") from None
             for i, job in zip(indices, submitted, strict=True):
                 jobs[i] = job
                 log.info(
