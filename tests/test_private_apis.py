@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import importlib
 import inspect
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -1289,6 +1290,39 @@ def test_subprocess_launcher_starts_children_through_the_hook(monkeypatch: pytes
     launcher = Recording(LightningEnvironment(), 2, 1)
     assert launcher.launch(lambda: "ran") == "ran", hook.moved("launch() no longer runs the function")
     assert observed == [["rank 1"]], hook.moved(f"the process observer watched {observed}, not the override's procs")
+
+
+def test_the_ranks_watch_stops_the_ranks_and_leaves_this_process_to_end_its_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The project's watch over the ranks it started is Lightning's `_ChildProcessObserver` (`_run` polls the
+    children and calls `_terminate_all` on a failure) with another `_terminate_all`."""
+    import signal
+    import subprocess
+    import sys
+
+    from hydralight.lightning_internals import JobRanksObserver
+
+    hook = Hook(
+        "lightning_fabric",
+        "_ChildProcessObserver._run -> _terminate_all / _child_processes, _main_pid, _termination_signal",
+        "lightning_internals.py",
+        "stopping the other ranks when one fails, without killing the sweep this process runs",
+    )
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    failed.wait()
+    killed: list[tuple[int, int]] = []
+    real_kill = os.kill
+    monkeypatch.setattr(
+        "os.kill", lambda pid, signum: killed.append((pid, signum)) if pid == os.getpid() else real_kill(pid, signum)
+    )
+    over = JobRanksObserver([failed, running], job_over=lambda: True)
+    assert over._run() is True, hook.moved("a failed child no longer ends the watch")
+    assert running.wait(timeout=10) == -signal.SIGKILL, hook.moved("the other ranks were not stopped")
+    assert killed == [], "this process was killed although its job had ended"
+    stuck = JobRanksObserver([failed], job_over=lambda: False, grace_s=0.1)
+    assert stuck._run() is True and killed == [(os.getpid(), signal.SIGKILL)], hook.moved("no kill after the grace")
 
 
 # --- torch and torchmetrics details -----------------------------------------------------------------------------

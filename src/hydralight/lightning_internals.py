@@ -13,11 +13,15 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import pytorch_lightning as pl
 import torch
+from lightning_fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning_fabric.utilities.distributed import _set_num_threads_if_needed
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
 from pytorch_lightning.strategies.launchers.multiprocessing import _MultiProcessingLauncher
@@ -259,6 +263,27 @@ class RanksToStart:
     early: list[subprocess.Popen]
 
 
+class JobRanksObserver(_ChildProcessObserver):
+    """Lightning's watch over the ranks this process started kills them all on a rank's failure, and this process
+    too: under `-m` this process is the sweep's, which died with the job (and a watch outliving its job killed the
+    next one). Here the other ranks are stopped and this process ends the job itself (gloo fails its next
+    collective at once); it is killed as Lightning would kill it only when still in that job after `grace_s`."""
+
+    def __init__(self, children: list[subprocess.Popen], job_over: Callable[[], bool], grace_s: float = 60) -> None:
+        super().__init__(main_pid=os.getpid(), child_processes=children)
+        self.job_over, self.grace_s = job_over, grace_s
+
+    def _terminate_all(self) -> None:
+        for child in self._child_processes:
+            child.send_signal(self._termination_signal)
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline:
+            if self.job_over():
+                return
+            time.sleep(0.2)
+        os.kill(self._main_pid, self._termination_signal)
+
+
 class JobScriptLauncher(_SubprocessScriptLauncher):
     """Starts ranks 1..N-1 of this node as `python -m hydralight.worker <plan file>` instead of re-executing
     `sys.argv`, which under `python train.py -m ...` would replay the whole sweep in every rank. Lightning has
@@ -267,6 +292,16 @@ class JobScriptLauncher(_SubprocessScriptLauncher):
     def __init__(self, *args: Any, ranks: RanksToStart, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ranks = ranks
+
+    def launch(self, function: Callable, *args: Any, trainer: pl.Trainer | None = None, **kwargs: Any) -> Any:
+        # Lightning's own `launch`, with the project's watch over the ranks instead of Lightning's.
+        self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
+        if not self.cluster_environment.creates_processes_externally:
+            self._call_children_scripts()
+            procs, started = self.procs, self.ranks.children
+            JobRanksObserver(procs, job_over=lambda: not any(p in started for p in procs)).start()
+        _set_num_threads_if_needed(num_processes=self.num_processes)
+        return function(*args, **kwargs)
 
     def _call_children_scripts(self) -> None:
         self._check_can_spawn_children()

@@ -93,6 +93,17 @@ class Crashes(BoringModel):
         return super().training_step(batch, batch_idx)
 
 
+class CrashesOnRank1(Crashes):
+    def training_step(self, batch, batch_idx):
+        if self.crash and self.global_rank == 1 and batch_idx == 2:
+            raise ZeroDivisionError("the module's own bug, on rank 1")
+        if not self.crash:
+            import time
+
+            time.sleep(0.5)  # the next job outlasts a watch over the failed job's ranks (it polls every 5 s)
+        return BoringModel.training_step(self, batch, batch_idx)
+
+
 class Needs(BoringModel):
     def __init__(self, width: int) -> None:
         super().__init__()
@@ -115,6 +126,23 @@ def test_a_job_that_crashes_ends_alone_and_the_sweep_counts_it(tmp_path):
     assert "1 of 2 jobs done" in done.stdout, done.stdout[-2000:]
     failed = json.loads((sweep / "0" / "manifest.json").read_text())
     assert failed["status"] == "failed" and failed["error"] == "ZeroDivisionError: the module's own bug"
+    assert json.loads((sweep / "1" / "manifest.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_ddp_job_whose_other_rank_crashes_ends_alone_and_the_sweep_goes_on(tmp_path):
+    """Lightning's watch over the ranks killed the process that started them, the sweep's own under -m."""
+    import sys
+
+    (tmp_path / "crashes.py").write_text(CRASHES)
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "hardware=cpu", "hardware.devices=2", "strategy=ddp",
+               "model._target_=crashes.CrashesOnRank1", "+model.crash=true,false", "data._target_=crashes.Data",
+               "batch.global_size=4", "trainer.max_steps=16", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    done = run_python(command, {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-3000:])
+    assert "1 of 2 jobs done" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
+    assert json.loads((sweep / "0" / "manifest.json").read_text())["status"] == "failed"
     assert json.loads((sweep / "1" / "manifest.json").read_text())["status"] == "finished"
 
 
