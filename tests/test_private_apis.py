@@ -383,6 +383,16 @@ SIGNATURES = [
     (
         Hook(
             "pytorch_lightning",
+            "pytorch_lightning.loops.training_epoch_loop._TrainingEpochLoop._should_check_val_fx",
+            "lightning_internals.py, resume/last_checkpoint.py",
+            "whether a validation follows the batch that just ended (a periodic save waits for it)",
+        ),
+        1,
+        (),
+    ),
+    (
+        Hook(
+            "pytorch_lightning",
             "pytorch_lightning.strategies.launchers.subprocess_script._SubprocessScriptLauncher._check_can_spawn_children",
             "lightning_internals.py, training/strategy.py",
             "the launcher's own guard before starting ranks",

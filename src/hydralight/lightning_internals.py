@@ -68,6 +68,15 @@ def align_logging_step(trainer: pl.Trainer) -> None:
     trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
 
 
+def validation_follows(trainer: pl.Trainer) -> bool:
+    """Whether Lightning validates right after the training batch that just ended: its epoch loop's own
+    decision (`_should_check_val_fx`), which no public attribute gives."""
+    fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+    if not trainer.enable_validation or fetcher is None:
+        return False
+    return bool(trainer.fit_loop.epoch_loop._should_check_val_fx(fetcher))
+
+
 def validate_now(trainer: pl.Trainer) -> None:
     """Run a validation pass inside `fit`, after its last step (one stopped between validations), logged at
     the last step's index as an epoch-end validation is. `trainer.validate()` cannot run inside `fit`; the

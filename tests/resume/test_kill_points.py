@@ -7,6 +7,7 @@ the run ends as an uninterrupted one does, with its weights, its results and its
 | while saving | last.ckpt built, not yet written | `save` |
 | at an epoch's end | after its last step, before its checkpoint | `epoch_end` |
 | in an epoch-end validation | validation of step 15 | `validation` |
+| in a validation inside an epoch | validation of step 8, where a periodic save is due | `mid_epoch_validation` |
 | in the final validation | validation of the last step | `final_validation` |
 | in the test stage | a test batch done | `test` |
 | while recording | test done, results.json not written | `records` |
@@ -37,6 +38,12 @@ POINTS = {
     "save": (["point=save", "step=8"], [], []),
     "epoch_end": (["point=epoch_end", "epoch=0"], [], []),
     "validation": (["point=validation", "step=15"], [], []),
+    # A periodic save due at a step that validates: saved before that validation, Lightning skipped it after.
+    "mid_epoch_validation": (
+        ["point=validation", "step=8"],
+        ["trainer.val_check_interval=4"],
+        ["trainer.val_check_interval=4"],
+    ),  # fmt: skip
     "final_validation": (["point=validation", "step=30"], [], []),
     "test": (["point=test"], [], []),
     "records": (["point=records"], [], []),

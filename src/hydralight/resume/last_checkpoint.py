@@ -17,7 +17,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Checkpoint
 
 from hydralight.errors import UserError
-from hydralight.lightning_internals import epoch_complete, record_loop_state, validate_now
+from hydralight.lightning_internals import epoch_complete, record_loop_state, validate_now, validation_follows
 from hydralight.resume.agreement import agreement
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import write_checkpoint
@@ -50,6 +50,7 @@ class LastCheckpoint(Checkpoint):
         self._saved_step = -1
         self._validated_step = -1
         self._validated_since_save = False
+        self._after_validation = False  # a periodic save due at a step that validates: made once it has
         # How the loop state is recorded in the checkpoint being written: None (as Lightning has it),
         # "boundary" (epoch done, the next one not begun) or "stopped" (mid-epoch, after the last step).
         self._form: str | None = None
@@ -86,13 +87,20 @@ class LastCheckpoint(Checkpoint):
         if self.every_minutes:
             # Clocks differ between ranks: rank 0's decides, agreed with the other step-boundary decisions.
             due = agreement(trainer).agreed(trainer, pl_module)["save_due"] > 0 or due
-        if due:
+        if due and validation_follows(trainer):
+            # Saved before the validation due at this step, a checkpoint has Lightning skip that validation when
+            # it continues from it: saved once the validation is done, it holds its result too.
+            self._after_validation = True
+        elif due:
             self._save(trainer, None)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
             self._validated_step = trainer.global_step
             self._validated_since_save = True
+            if self._after_validation:
+                self._after_validation = False
+                self._save(trainer, None)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if epoch_complete(trainer):  # a whole epoch, not one cut by a budget
