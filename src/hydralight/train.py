@@ -81,7 +81,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
         prepare_prediction,
     )
     from hydralight.training.records import FitEnd, Throughput, result_line, run_results, stopped_by
-    from hydralight.training.strategy import build_strategy, job_scope
+    from hydralight.training.strategy import blamed_on_a_failed_rank, build_strategy, job_scope
     from hydralight.training.trainer import build_callbacks, build_trainer, lightning_refusals
 
     quiet_framework()  # the console shows the plan, the run dir, progress and the result
@@ -115,7 +115,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     machine_record = this_machine.describe(machine)
     record = RunRecord(run_dir, plan.config, plan.to_dict(), machine_record, plan.paths.overrides, is_rank_zero())
 
-    with job_scope(), wandb_scope(), record:  # the next job of a sweep starts clean
+    with job_scope(), wandb_scope(), record, blamed_on_a_failed_rank():  # the next job of a sweep starts clean
         # 2. Build: process settings, loggers, callbacks, trainer.
         this_machine.apply(plan.framework.env, plan.framework.matmul_precision)
         if is_rank_zero():

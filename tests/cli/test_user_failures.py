@@ -142,7 +142,9 @@ def test_a_ddp_job_whose_other_rank_crashes_ends_alone_and_the_sweep_goes_on(tmp
     done = run_python(command, {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-3000:])
     assert "1 of 2 jobs done" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
-    assert json.loads((sweep / "0" / "manifest.json").read_text())["status"] == "failed"
+    failed = json.loads((sweep / "0" / "manifest.json").read_text())
+    assert failed["status"] == "failed" and failed["error"].startswith("RankFailed: rank 1 on this node failed first")
+    assert "the module's own bug, on rank 1" in done.stderr  # its traceback, which the reason points at
     assert json.loads((sweep / "1" / "manifest.json").read_text())["status"] == "finished"
 
 

@@ -280,6 +280,31 @@ def build_strategy(plan: RunPlan, plan_file: Path) -> str | Strategy:
     return JobDDPStrategy(plan_file=plan_file, **options)
 
 
+class RankFailed(RuntimeError):
+    """Another rank of the job failed first; this rank's own error (a broken collective) followed from it."""
+
+
+@contextlib.contextmanager
+def blamed_on_a_failed_rank(wait_s: float = 2.0) -> Iterator[None]:
+    """A job that fails after one of the ranks this process started did says so: its record names that rank,
+    whose traceback is on the console, not the broken connection this rank then saw."""
+    try:
+        yield
+    except Exception as err:
+        if isinstance(err, UserError) or not _children:
+            raise
+        deadline = time.monotonic() + wait_s  # the rank that failed may still be exiting
+        while not (failed := [(rank, c.poll()) for rank, c in enumerate(_children, 1) if c.poll() not in (None, 0)]):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+        rank, code = failed[0]
+        said = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise RankFailed(
+            f"rank {rank} on this node failed first (exit code {code}; its traceback is above), then rank 0: {said}"
+        ) from err
+
+
 @contextlib.contextmanager
 def job_scope(child_timeout_s: float = 120) -> Iterator[None]:
     """Leave this process as the job found it, so the next job of a sweep starts clean; and tie the job's
