@@ -802,7 +802,7 @@ def _chosen_by(run: RunDir, group: str) -> str | None:
         overrides = read_yaml_record(run.overrides, "its record", kind=list)
     except UserError:
         return None
-    given = [str(item).split("=", 1)[-1] for item in overrides if str(item).split("=", 1)[0].lstrip("+~") == group]
+    given = [str(item).split("=", 1)[-1] for item in overrides if _override_key(str(item)) == group]
     return given[-1] if given else None
 
 

@@ -263,9 +263,11 @@ class Resume:
                 f"seed={self.plan.seed} differs from the seed {source} was trained with ({then['seed']}), which "
                 f"draws its data split and order; keep seed={then['seed']} to continue that run, {new_run}"
             )
-        data, now = then.get("data") or {}, self.plan.data.spec
+        data, now = then.get("data"), self.plan.data.spec
+        if data is None:  # recorded by an earlier version: nothing to compare with
+            data = now
         for key in sorted(set(data) | set(now)):
-            if "data" in then and not any(part in key for part in _WHERE_DATA_IS) and data.get(key) != now.get(key):
+            if not any(part in key for part in _WHERE_DATA_IS) and data.get(key) != now.get(key):
                 raise UserError(
                     f"data.{key} differs from the one {source} was trained with ({data.get(key)}, now "
                     f"{now.get(key)}): the data it trains and validates on would change; keep it to continue that "

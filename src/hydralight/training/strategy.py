@@ -294,7 +294,9 @@ def blamed_on_a_failed_rank(wait_s: float = 2.0) -> Iterator[None]:
         if isinstance(err, UserError) or not _children:
             raise
         deadline = time.monotonic() + wait_s  # the rank that failed may still be exiting
-        while not (failed := [(rank, c.poll()) for rank, c in enumerate(_children, 1) if c.poll() not in (None, 0)]):
+        while not (
+            failed := [(rank, code) for rank, c in enumerate(_children, 1) if (code := c.poll()) not in (None, 0)]
+        ):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
