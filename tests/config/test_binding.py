@@ -30,10 +30,14 @@ def test_values_that_read_as_the_annotated_type_and_unannotated_ones_pass():
     assert bind(Net, {"hidden": 16, "lr": "1e-3", "name": "abc", "bias": "true"}, {}, "model") == {}
 
     class Loose:
-        def __init__(self, width=3) -> None:  # no annotation: nothing to check against
-            self.width = width
+        def __init__(self, width=3, name=None, act="relu", scale=1) -> None:  # no annotation: the default tells
+            self.width, self.name, self.act, self.scale = width, name, act, scale
 
-    assert bind(Loose, {"width": "abc"}, {}, "model") == {}
+    assert bind(Loose, {"width": "7", "name": "abc", "act": 3, "scale": 0.5}, {}, "model") == {}
+    with pytest.raises(UserError) as err:
+        bind(Loose, {"width": "abc"}, {}, "model")
+    assert str(err.value).startswith("model.width=abc is not a number, which ")
+    assert str(err.value).endswith("Loose takes (width: unannotated, default 3); give a number")
 
 
 class Needs:

@@ -167,10 +167,21 @@ def _check_annotated_types(target: Any, spec: Mapping[str, Any], key: str, name:
             if wanted is not None:  # an annotation without None, and no None default: null is no value for it
                 raise UserError(f"{key}.{arg}=null is no value for {name}'s {arg}: {wanted[1]}; give {wanted[0]}")
         if arg in params and not isinstance(value, dict) and value is not None:
-            wrong = _not_of(params[arg].annotation, value)
+            wrong = _not_of(_annotation(params[arg]), value)
             if wrong is not None:
                 said, asked = wrong
+                if params[arg].annotation is inspect.Parameter.empty:
+                    asked = f"unannotated, default {params[arg].default!r}"
                 raise UserError(f"{key}.{arg}={value} is not {said}, which {name} takes ({arg}: {asked}); give {said}")
+
+
+def _annotation(param: inspect.Parameter) -> Any:
+    """What an argument asks for: its annotation, or for an unannotated one with a number or a bool default, that
+    kind (`width=32` takes a number, so `width=abc` is wrong; an int default takes a float, as Python would)."""
+    if param.annotation is not inspect.Parameter.empty or param.default is None:
+        return param.annotation
+    kind = type(param.default)
+    return {bool: bool, int: float | int, float: float | int}.get(kind, inspect.Parameter.empty)
 
 
 def _not_of(annotation: Any, value: Any) -> tuple[str, str] | None:
