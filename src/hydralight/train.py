@@ -39,7 +39,7 @@ from hydralight.rundir.launch import (
 )
 from hydralight.rundir.layout import RESULTS
 from hydralight.rundir.lock import RunDirLock
-from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable, claim_sweep_dir
+from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable, claim_sweep_dir, unshare
 from hydralight.rundir.record import remove_empty_folders
 from hydralight.tasks.options import SCHEMAS as MODEL_SCHEMAS
 
@@ -240,6 +240,7 @@ def main(cfg: DictConfig) -> float | None:
                 elsewhere = is_rank_zero() and continued != run_dir.resolve()
                 if elsewhere:
                     check_usable(continued, "resume")
+                    unshare(continued)
                 with RunDirLock(continued) if elsewhere else contextlib.nullcontext():
                     return run(plan, machine)
         except UserError as err:

@@ -28,14 +28,16 @@ def files(run: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_a_copied_run_dir_is_a_run_of_its_own(tiny_data, tmp_path, devices):
+@pytest.mark.parametrize(("devices", "linked"), [(1, False), pytest.param(2, False, marks=pytest.mark.slow), (1, True)])
+def test_a_copied_run_dir_is_a_run_of_its_own(tiny_data, tmp_path, devices, linked):
     original = tmp_path / "original"
     ok(run_cli([*BASE, "trainer.max_epochs=1", f"hardware.devices={devices}"], original, tiny_data))
     copy = tmp_path / "copy"
+    import os
     import shutil
 
-    shutil.copytree(original, copy)
+    # `cp -al`: the copy's files are the original's, hard-linked; what the copy's run writes must not reach them.
+    shutil.copytree(original, copy, copy_function=os.link if linked else shutil.copy2)
     before = files(original)
     ok(run_cli([f"resume={copy}", "trainer.max_epochs=2"], copy, tiny_data))
     assert files(original) == before, "continuing the copy changed the original"

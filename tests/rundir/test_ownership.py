@@ -104,6 +104,22 @@ def test_hydras_own_record_is_not_the_users(tmp_path):
     assert claim.made_folder and claim.before == frozenset()
 
 
+def test_a_hard_linked_copy_of_a_run_dir_gets_files_of_its_own_when_taken(tmp_path):
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    (original / "checkpoints").mkdir(parents=True)
+    (original / ".hydralight").write_text('{"by": "hydralight", "made_folder": true}')
+    (original / "train.log").write_text("first attempt\n")
+    (original / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    shutil.copytree(original, copy, copy_function=os.link)  # `cp -al`
+    Claim.take(copy)
+    with (copy / "train.log").open("a") as log:  # what Hydra's log handler does on the next attempt
+        log.write("second attempt\n")
+    assert (original / "train.log").read_text() == "first attempt\n"
+    assert (copy / "checkpoints" / "last.ckpt").read_bytes() == b"weights"
+    assert all(p.stat().st_nlink == 1 for p in original.rglob("*") if p.is_file())
+    assert sorted(p.name for p in copy.rglob("*")) == sorted(p.name for p in original.rglob("*"))
+
+
 def test_a_file_is_no_run_dir(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError, match="is a file, not a folder"):

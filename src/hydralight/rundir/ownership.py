@@ -168,6 +168,7 @@ class Claim:
         path.mkdir(parents=True, exist_ok=True)
         if mark is None:
             _write_mark(path, made)
+        unshare(path)
         return cls(path, made, before, parents)
 
     def discard_added(self) -> None:
@@ -198,6 +199,23 @@ class Claim:
         except OSError:  # something else came in meanwhile: it stays
             return False
         return True
+
+
+def unshare(path: Path, limit: int = 10_000) -> None:
+    """Give each hard-linked file of a run dir a copy of its own (a run dir copied with `cp -al`), before the run
+    writes or appends to it: the other name, in the run it was copied from, keeps its bytes."""
+    seen = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            seen += 1
+            if seen > limit:
+                return  # no run dir holds that many files: not worth walking further
+            entry = Path(folder) / name
+            if entry.is_symlink() or not entry.is_file() or entry.stat().st_nlink < 2:
+                continue
+            own = entry.with_name(f".{name}.own")
+            shutil.copy2(entry, own)
+            os.replace(own, entry)
 
 
 def _write_mark(path: Path, made_folder: bool) -> None:
