@@ -161,8 +161,23 @@ def test_what_the_data_or_the_best_checkpoint_depend_on_cannot_change_when_conti
     ok(run_cli([*BASE, "trainer.max_epochs=1"], run, tiny_data))
     before = files(run)
     line = one_line(run_cli([*BASE, "trainer.max_epochs=2", change], run, tiny_data))
-    assert said in line and "resume=never" in line, line
+    assert said in line and "another run dir" in line, line
     assert files(run) == before  # refused before anything was written
+
+
+def test_a_fresh_start_never_replaces_a_finished_run(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    ok(run_cli([*BASE, "trainer.max_epochs=1"], run, tiny_data))
+    before = files(run)
+    line = one_line(run_cli([*BASE, "trainer.max_epochs=1", "resume=never"], run, tiny_data))
+    assert "resume=never starts a new run, but" in line and "holds a finished one" in line, line
+    assert files(run) == before
+    # The way out a refused continuation names starts a new run in a new dir, the finished one left as it was.
+    line = one_line(run_cli([*BASE, "trainer.max_epochs=2", "batch.global_size=16"], run, tiny_data))
+    assert f"init_from={run / 'checkpoints'}" in line and "resume=never" not in line, line
+    ok(run_cli([*BASE, "trainer.max_epochs=1", "batch.global_size=16", f"init_from={run / 'checkpoints' / 'last.ckpt'}"],
+               tmp_path / "new", tiny_data))  # fmt: skip
+    assert files(run) == before
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Weights & Biases runs read back from their offline files: metrics, config, plan, the mode, resumption."""
 
 import json
+import signal
 import socket
 import sys
 import time
@@ -112,8 +113,13 @@ def test_a_full_disk_while_the_history_is_written_leaves_whole_rows_and_names_th
 
 @pytest.mark.slow
 def test_a_fresh_start_in_a_run_dir_is_a_new_wandb_run(tiny_data, tmp_path):
-    # The same dir, training again from scratch (resume=never): another training, never appended to the first.
-    _, first = wandb_run(tiny_data, tmp_path)
+    # The same dir, training again from scratch (resume=never) after an attempt that stopped: another training,
+    # never appended to the first.
+    stop = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=3"]
+    stopped = run_cli([*TINY, "logger=wandb", *stop], tmp_path / "run", tiny_data, WANDB_SILENT="true",
+                      HOME=str(tmp_path), PYTHONPATH=str(HELPERS))  # fmt: skip
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    first = records(next((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")))
     _, again = wandb_run(tiny_data, tmp_path, "resume=never", "seed=7")
     assert of_kind(first, "run")[0].run_id != of_kind(again, "run")[0].run_id
     # Continued from its own checkpoint, it keeps its run.

@@ -864,6 +864,13 @@ def _resume(c: DictConfig, config: dict[str, Any], run_dir: str) -> ResumePlan:
         if c.mode == "eval" and not _run_dir_given(c):
             return ResumePlan(mode="eval", policy=policy, ckpt_path=ckpt_path)
         return ResumePlan(mode=str(c.mode), policy="never", ckpt_path=ckpt_path or _checkpoint_of_run(policy))
+    if policy == "never" and (read_json(RunDir.at(run_dir).manifest) or {}).get("status") == "finished":
+        # Starting over replaces what the run saved under the same names: its results, its checkpoints.
+        raise UserError(
+            f"resume=never starts a new run, but {run_dir} holds a finished one, whose results and checkpoints "
+            "it would replace; leave hydra.run.dir out or name a new dir (init_from=<its checkpoint> starts from "
+            "its weights)"
+        )
     if uses_own:
         continue_from, is_own = str(own), True
     else:

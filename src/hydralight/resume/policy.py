@@ -28,7 +28,7 @@ from hydralight.config.declaration import ModuleDeclaration
 from hydralight.config.plan import ModelPlan, RunPlan
 from hydralight.config.trust import check_trusted, configured_targets
 from hydralight.errors import UserError
-from hydralight.resume.state import RECORD, ResumeState, plain_hparams, plain_value
+from hydralight.resume.state import RECORD, ResumeState, new_run_from, plain_hparams, plain_value
 from hydralight.rundir.layout import RunDir, not_a_checkpoint_file
 from hydralight.training.modules import build_module
 
@@ -223,7 +223,7 @@ class Resume:
         target = self.plan.model.spec.get("_target_")
         then_hparams = saved_hparams(contents)
         now_hparams = plain_hparams(dict(module.hparams), self.plan.model.spec)
-        way_out = "pick the matching model=..., or start fresh with resume=never / another run dir"
+        way_out = "pick the matching model=..., or start fresh in another run dir"
         if then["module"] is not None and then["module"] != target:
             raise UserError(f"{source} holds another module ({then['module']}) than this run ({target}); {way_out}")
         # The networks a module's config names (not the plan's optimizer or schedule) are what the model is.
@@ -240,11 +240,10 @@ class Resume:
         if size is not None and size != self.plan.task.global_size:
             raise UserError(
                 f"{source} was trained with a global batch of {size}, this run uses {self.plan.task.global_size}; "
-                f"continue with batch.global_size={size}, or start a new run from its weights with "
-                f"init_from={source} resume=never"
+                f"continue with batch.global_size={size}, or {new_run_from(source, 'its weights')}"
             )
         self._check_same_run(then, source)
-        fresh = f"or start a new run from its weights with a fresh optimizer: init_from={source} resume=never"
+        fresh = f"or {new_run_from(source, 'its weights and a fresh optimizer')}"
         for key in sorted(set(then_hparams) & set(now_hparams) - {"lr"}):
             if then_hparams[key] != now_hparams[key]:
                 name = CONFIG_KEYS.get(key, f"model.{key}")
@@ -257,7 +256,7 @@ class Resume:
         """What a continued run must keep besides its model and batch (checkpoints of earlier versions do not
         record it): the seed (it draws the data split and order), the data's own settings but where it is read
         from, and the objective its best checkpoint so far was chosen by."""
-        new_run = "or start a new run with resume=never (or another run dir)"
+        new_run = "or start a new run in another run dir"
         if "seed" in then and then["seed"] != self.plan.seed:
             raise UserError(
                 f"seed={self.plan.seed} differs from the seed {source} was trained with ({then['seed']}), which "

@@ -36,6 +36,12 @@ LENGTH_KEYS = ("total_steps", "T_max")
 PLAIN = (type(None), bool, int, float, str)
 
 
+def new_run_from(source: Any, what: str) -> str:
+    """The way out of a continuation that cannot go on: a new run, in a dir of its own, from `source`'s weights
+    (in the same dir it would replace the run's results and checkpoints)."""
+    return f"start a new run from {what} in a new dir: init_from={source}, leaving hydra.run.dir and resume= out"
+
+
 def plain_value(value: Any, spec: Any = None) -> Any:
     """`value` as plain data (numbers, strings, lists, dicts): an object built from a config (a network, a
     `_partial_` optimizer) is saved as that config, `spec`, or else by its type's name."""
@@ -187,8 +193,8 @@ class ResumeState(pl.Callback):
                         raise UserError(
                             f"{source} follows a {type(config.scheduler).__name__} schedule of {then} steps and this "
                             f"run would take {now}: its length is fixed when training starts; keep "
-                            "trainer.max_epochs/max_steps as they were to continue it, or start a new run from its "
-                            f"weights with a fresh schedule: init_from={source} resume=never"
+                            "trainer.max_epochs/max_steps as they were to continue it, or "
+                            f"{new_run_from(source, 'its weights and a fresh schedule')}"
                         )
         saved_lr, new = self._saved_lr, pl_module.hparams.get("lr")
         changed = (saved_lr, new) if saved_lr is not None and new is not None and new != saved_lr else None
@@ -196,7 +202,7 @@ class ResumeState(pl.Callback):
             raise UserError(
                 f"the learning rate {new:g} differs from {saved_lr:g} that {source} was trained with, and its "
                 "schedule set its rates when it started; keep optim.lr (and batch.global_size, with lr scaling) as "
-                f"they were, or start a new run from its weights with a fresh optimizer: init_from={source} resume=never"
+                f"they were, or {new_run_from(source, 'its weights and a fresh optimizer')}"
             )
         self._something_to_train(trainer)
         if changed:
