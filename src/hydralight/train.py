@@ -95,13 +95,14 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     check_plan(plan, machine)
     check_constructors(plan)  # before the data module's prepare_data may download
     this_machine.seed(plan.seed)
+    resume = Resume(plan)
+    resume.check_data()  # a checkpoint tested on other data than its own is refused before any is read
     data = build_datamodule(plan.data.spec, plan.data.offered, plan.data.explicit)
     if is_rank_zero():
         with lightning_refusals():  # missing or corrupt files are refused before any run file is written
             data.prepare_data()
     data = with_planned_batch(data, plan.data.spec, plan.data.offered, plan.hardware.world_size)
     sizes = stated_sizes(data)
-    resume = Resume(plan)
     plan, built_for = resume.model(sizes)  # mode=eval/predict: the module the checkpoint holds
     module = build_module(plan.model, built_for)
     make_invariant(module, plan.model.invariant_dropout, resume.global_batchnorm)

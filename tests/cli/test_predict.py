@@ -187,3 +187,20 @@ def test_a_checkpoint_naming_a_target_no_config_names_is_refused_as_mode_eval_re
         lines[mode] = one_line(run_cli([f"mode={mode}", f"ckpt_path={ckpt}", *PREDICT], tmp_path / mode, tiny_data))
         assert not (tmp_path / mode).exists() and not victim.exists()
     assert "none of your configs names" in lines["predict"] and lines["predict"] == lines["eval"]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_is_never_tested_on_other_data_than_its_own_unless_named(tmp_path):
+    env = {"PYTHONPATH": str(PROJECT)}
+    named = ["objective.metric=val/mse", "objective.direction=min", "hardware=cpu", "batch.global_size=32"]
+    run = tmp_path / "run"
+    ok(run_cli(["model=regressor", "data=points", *named, "trainer.max_epochs=1"], run, cwd=PROJECT, **env))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for mode in ("eval", "predict"):
+        # Without data=, the shipped default data module would take the place of the one it was trained on.
+        out = tmp_path / mode
+        line = one_line(run_cli([f"mode={mode}", f"resume={run}", *named], out, cwd=PROJECT, **env))
+        assert "was trained on my_tasks.regression.RegressionData" in line and "data=points" in line, line
+        assert not out.exists()
+    ok(run_cli(["mode=eval", f"resume={run}", "data=points", *named], tmp_path / "named", cwd=PROJECT, **env))
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

@@ -766,7 +766,7 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
             and OmegaConf.select(then, key, default=absent) is absent
         ):
             # A group that is no key of the config (experiment=...): it sets others, and the run's own choice counts.
-            chosen = _chosen_by(earlier, key)
+            chosen = chosen_by(earlier, key)
             if chosen != item.split("=", 1)[-1]:
                 differ.append(f"{key} (run: {chosen}, now: {item.split('=', 1)[-1]})")
             continue
@@ -796,7 +796,7 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
     return moved, str(earlier.path.resolve())
 
 
-def _chosen_by(run: RunDir, group: str) -> str | None:
+def chosen_by(run: RunDir, group: str) -> str | None:
     """The option of `group` the run's own command line chose (its Hydra record; None: the default)."""
     try:
         overrides = read_yaml_record(run.overrides, "its record", kind=list)

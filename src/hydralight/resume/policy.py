@@ -26,6 +26,7 @@ from pytorch_lightning.utilities.model_helpers import is_overridden
 
 from hydralight.config.declaration import ModuleDeclaration
 from hydralight.config.plan import ModelPlan, RunPlan
+from hydralight.config.resolve import chosen_by
 from hydralight.config.trust import check_trusted, configured_targets
 from hydralight.errors import UserError
 from hydralight.resume.state import RECORD, ResumeState, new_run_from, plain_hparams, plain_value
@@ -100,6 +101,7 @@ class Resume:
         self.plan = plan
         self.decision = plan.resume
         self._held: dict[str, Any] | None = None  # mode=eval/predict: the checkpoint whose module is built
+        self._contents: dict[str, Any] | None = None
 
     @property
     def ckpt_path(self) -> str | None:
@@ -136,7 +138,7 @@ class Resume:
         if not self._tests_a_checkpoint:
             return self.plan, sizes
         path = Path(str(self.decision.ckpt_path))
-        contents = read_checkpoint(path, f"ckpt_path={path}")
+        contents = self._tested()
         # A model the command line asks for, other than the one the checkpoint records, would be ignored (how it
         # runs, compiled or channels-last, leaves the weights and the results as they are).
         then, now = record_of(contents).get("model") or {}, self.plan.model.spec
@@ -160,6 +162,34 @@ class Resume:
         config = {**self.plan.config, "model": {**self.plan.config.get("model", {}), **model.spec}}
         self.plan = self.plan.replace(model=model, config=config)
         return self.plan, {**sizes, **(record_of(contents).get("sizes") or {})}
+
+    def _tested(self) -> dict[str, Any]:
+        """mode=eval/predict: the checkpoint tested, read once."""
+        if self._contents is None:
+            path = Path(str(self.decision.ckpt_path))
+            self._contents = read_checkpoint(path, f"ckpt_path={path}")
+        return self._contents
+
+    def check_data(self) -> None:
+        """Before the data is built (or downloaded): a checkpoint is tested (or predicts) on the data module it was
+        trained with unless the command line names other data; without a word, another data module (the shipped
+        default) would take its place silently."""
+        if not self._tests_a_checkpoint:
+            return
+        path = Path(str(self.decision.ckpt_path))
+        then, now = record_of(self._tested()).get("data"), self.plan.data.spec
+        named = any(
+            re.sub(r"^[+~]*", "", o).split("=", 1)[0].split(".")[0] in ("data", "experiment")
+            for o in self.plan.paths.overrides
+        )
+        if then is None or named or then.get("_target_") == now.get("_target_"):
+            return
+        option = chosen_by(RunDir.at(path.parent.parent), "data") if path.parent.name == "checkpoints" else None
+        raise UserError(
+            f"mode={self.decision.mode} would read {now.get('_target_')}, but {path} was trained on "
+            f"{then.get('_target_')}; name the data to use: data={option or '<the option it was trained with>'}, "
+            "or another data= to evaluate it elsewhere"
+        )
 
     @property
     def global_batchnorm(self) -> bool:
