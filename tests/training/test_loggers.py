@@ -125,3 +125,17 @@ def test_a_fresh_start_in_a_run_dir_is_a_new_wandb_run(tiny_data, tmp_path):
     # Continued from its own checkpoint, it keeps its run.
     _, continued = wandb_run(tiny_data, tmp_path, "seed=7", "trainer.max_epochs=2")
     assert of_kind(continued, "run")[0].run_id == of_kind(again, "run")[0].run_id
+
+
+def test_a_logger_of_the_users_is_checked_as_a_callback_is_and_writes_in_the_run_dir(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    refused = run_cli([*TINY, "+logger.mine._target_=pytorch_lightning.loggers.CSVLogger", "+logger.mine.bogus=1"],
+                      run, tiny_data)  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith(
+        "error: logger.mine.bogus is not an argument of CSVLogger"
+    ), refused.stderr[-2000:]
+    assert not run.exists()
+    # Without a save_dir of its own, it writes into the run dir.
+    ran = run_cli([*TINY, "+logger.mine._target_=pytorch_lightning.loggers.CSVLogger"], run, tiny_data)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert (run / "lightning_logs" / "version_0" / "metrics.csv").is_file()

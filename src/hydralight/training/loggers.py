@@ -325,7 +325,7 @@ def wandb_settings(spec: dict[str, Any], plan: RunPlan, mode: str, lineage: str 
 def build_loggers(plan: RunPlan, manifest: dict[str, Any] | None = None) -> list[Logger]:
     """The history, then every logger under `logger.*`; each tracker gets the resolved config, the plan and
     (wandb) the run manifest."""
-    from hydra.utils import instantiate
+    from hydralight.config.binding import bind, import_target, instantiate
 
     loggers: list[Logger] = [HistoryLogger(plan.paths.run_dir)]
     for name, spec in plan.loggers.items():
@@ -339,7 +339,11 @@ def build_loggers(plan: RunPlan, manifest: dict[str, Any] | None = None) -> list
             continue
         if name == "tensorboard":
             require("tensorboard", "tensorboard", "logger=tensorboard")
-        loggers.append(instantiate(spec))
+        # A logger of the user's: its arguments checked as a callback's are, its files in the run dir unless it
+        # says otherwise; what its constructor refuses is one line.
+        target = import_target(str(spec.get("_target_")), f"logger.{name}._target_")
+        given = bind(target, spec, {"save_dir": plan.paths.run_dir, "run_dir": plan.paths.run_dir}, f"logger.{name}")
+        loggers.append(instantiate(spec, **given))
     hparams = redact({"config": plan.config, "plan": plan.to_dict()})
     for logger in loggers[1:]:
         logger.log_hyperparams(hparams)
