@@ -121,3 +121,30 @@ def test_a_batch_sampler_lightning_cannot_split_over_processes_names_the_way_out
         raise TypeError(" Lightning can't inject a (distributed) sampler into your batch sampler, because it ...")
     with pytest.raises(TypeError, match="another"), lightning_refusals():
         raise TypeError("another")  # a bug of ours or the module's keeps its traceback
+
+
+def test_a_missing_file_is_blamed_on_the_data_only_when_the_data_opened_it(tmp_path):
+    import pytest
+    import pytorch_lightning as pl
+
+    from hydralight.errors import UserError
+    from hydralight.training.trainer import lightning_refusals
+
+    class Data(pl.LightningDataModule):
+        def setup(self, stage: str) -> None:
+            open(tmp_path / "no" / "train.bin")  # noqa: SIM115
+
+    class Module(pl.LightningModule):
+        def training_step(self, batch, batch_idx):
+            open(tmp_path / "no" / "side.txt")  # noqa: SIM115
+
+    with pytest.raises(UserError) as err, lightning_refusals():
+        Data().setup("fit")
+    assert "train.bin is missing" in str(err.value) and "check the path the data config gives (data.*)" in str(
+        err.value
+    )
+    with pytest.raises(UserError) as err, lightning_refusals():
+        Module().training_step(None, 0)
+    said = str(err.value)
+    assert "side.txt is missing" in said and "opened by " in said and "Module.training_step (" in said, said
+    assert "data config" not in said and "where the run reads its data" not in said, said

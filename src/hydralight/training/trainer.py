@@ -210,8 +210,13 @@ def lightning_refusals(accumulation: int = 1) -> Iterator[None]:
     except urllib.error.URLError as err:  # a data module's own download
         _data_missing(f"the data could not be downloaded ({err})")
     except (FileNotFoundError, NotADirectoryError) as err:  # a path of the data config (a user's data module)
-        _data_missing(f"{err.filename or err} is missing ({err.strerror or type(err).__name__}, where the run reads "
-                      "its data)")  # fmt: skip
+        missing = f"{err.filename or err} is missing ({err.strerror or type(err).__name__}"
+        opener = _opened_outside_the_data(err)
+        if opener is None:
+            _data_missing(f"{missing}, where the run reads its data)")
+        if not is_rank_zero():
+            raise SystemExit(EXIT_USER_ERROR) from None
+        raise UserError(f"{missing}, opened by {opener}); check the path its config gives, or make it") from None
     except ValueError as err:
         counts = re.match(r"`val_check_interval` \((\d+)\).*?\((\d+)\)", str(err).strip())
         if counts is None:
@@ -222,6 +227,30 @@ def lightning_refusals(accumulation: int = 1) -> Iterator[None]:
             f"validate within the epoch (at most {batches}), or count across epochs with "
             "trainer.check_val_every_n_epoch=null"
         ) from None
+
+
+def _opened_outside_the_data(err: BaseException) -> str | None:
+    """Where a file was opened, when not by the data (a data module, a data set, a loader): the innermost frame of
+    the code that did (`Module.training_step (file:line)`), so a module's own missing file is not blamed on data.*."""
+    import torch.utils.data
+
+    frames = []
+    tb = err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    data_code = ("/torch/utils/data/", "/torchvision/datasets/")
+    for frame in frames:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, pl.LightningDataModule | torch.utils.data.Dataset) or any(
+            part in frame.f_code.co_filename for part in data_code
+        ):
+            return None
+    own = [
+        f for f in frames if "site-packages" not in f.f_code.co_filename and "/lib/python" not in f.f_code.co_filename
+    ]
+    frame = (own or frames)[-1]
+    return f"{frame.f_code.co_qualname} ({frame.f_code.co_filename}:{frame.f_lineno})"
 
 
 def _data_missing(what: str) -> NoReturn:
