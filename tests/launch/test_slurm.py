@@ -250,7 +250,7 @@ def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
     requeue_and_finish(job_id, proc)
     assert run_steps(run) == run_steps(plain) == 45
     logs = "".join(p.read_text() for p in run.glob("*.log"))
-    assert "continuing from this run's own" in logs and "which started it" in logs
+    assert "continuing from this run's own" in logs and "is not read: a run dir that has saved goes on" in logs
     expected = json.loads((plain / "results.json").read_text())["metrics"]
     again = json.loads((run / "results.json").read_text())["metrics"]
     assert again["test/acc"] == expected["test/acc"]

@@ -214,7 +214,8 @@ class Resume:
             if decision.own:
                 given = decision.ckpt_path
                 started = (
-                    f", not from ckpt_path={given}, which started it"
+                    f"; ckpt_path={given} is not read: a run dir that has saved goes on from its own checkpoint (a "
+                    "rerun, a requeue); to start from that file, use a new run dir"
                     if given and Path(given).resolve() != path.resolve()
                     else ""
                 )
