@@ -58,6 +58,15 @@ def test_a_run_refuses_a_wrong_value_in_one_line(override, message, tmp_path):
     no_run_dir_left(run)
 
 
+def test_a_key_of_a_continued_run_s_own_model_names_the_option_it_needs(tmp_path):
+    # The command line is composed from the defaults before resume= reads the run's config: a key of the run's own
+    # model is no typo.
+    line = one_line(run_cli([f"resume={tmp_path / 'earlier'}", "model.width=32"], tmp_path / "run"))
+    assert "model.width is not a key of the default model config; resume=" in line, line
+    assert "name the run's model= option too" in line
+    no_run_dir_left(tmp_path / "run")
+
+
 @pytest.mark.parametrize("override,message", REJECTED[:3], ids=[o for o, _ in REJECTED[:3]])
 def test_printing_and_planning_refuse_it_too(override, message, tmp_path):
     for extra in (["--cfg", "job"], ["plan=true"]):

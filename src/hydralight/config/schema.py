@@ -308,6 +308,13 @@ def explain(err: BaseException, overrides: list[str]) -> str:
         )
     if m := re.search(r"Key '(\w+)' not in '(\w+)'|Key '(\w+)' is not in struct", text):
         name = key or m.group(1) or m.group(3)
+        group, continued = name.split(".")[0], given.get("resume", "auto") not in ("auto", "never")
+        if continued and group in ("model", "data") and not any(k in given for k in (group, "experiment")):
+            # The command line is composed from the defaults before the run's own config is read.
+            return (
+                f"{name} is not a key of the default {group} config; resume={given['resume']} continues with that "
+                f"run's own config: drop {name}, or name the run's {group}= option too"
+            )
         return (
             planned_trainer_key(name)
             or template_key(name)
