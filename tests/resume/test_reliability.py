@@ -180,7 +180,11 @@ def test_resume_a_run_by_its_dir_and_refuse_another_experiment(tiny_data, tmp_pa
     assert after["epochs"] == 2 and after["global_step"] == 8 and before != json.dumps(after)
     assert json.loads((first / "manifest.json").read_text())["plan"]["task"]["lr"] == 0.003
     line = one_line(run_cli(["resume=" + str(first), "optim.lr=0.1", "model=cnn"], tmp_path / "unused2", tiny_data))
-    assert "is a different experiment" in line and "optim.lr (run: 0.003, now: 0.1)" in line and "model (" in line
+    assert (
+        "is a different experiment" in line
+        and "optim.lr (run: 0.003, now: 0.1)" in line
+        and "model (run: mlp, now: cnn)" in line
+    ), line
     # A preset that sets other keys (experiment=...) is compared as the run chose it: it would be ignored.
     line = one_line(run_cli(["resume=" + str(first), "experiment=fast"], tmp_path / "unused3", tiny_data))
     assert "is a different experiment: experiment (run: None, now: fast)" in line, line

@@ -8,6 +8,7 @@ machine (GPUs that are not there) by `check_plan`.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
@@ -770,10 +771,11 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
             if chosen != item.split("=", 1)[-1]:
                 differ.append(f"{key} (run: {chosen}, now: {item.split('=', 1)[-1]})")
             continue
-        if plain(OmegaConf.select(now, key)) != plain(OmegaConf.select(then, key)):
-            differ.append(
-                f"{key} (run: {plain(OmegaConf.select(then, key))}, now: {plain(OmegaConf.select(now, key))})"
-            )
+        was, asked = plain(OmegaConf.select(then, key)), plain(OmegaConf.select(now, key))
+        if was != asked and isinstance(was, dict) and "=" in item:  # an option of a group: named, not dumped
+            differ.append(f"{key} (run: {chosen_by(earlier, key) or 'its own'}, now: {item.split('=', 1)[-1]})")
+        elif was != asked:
+            differ.append(f"{key} (run: {was}, now: {asked})")
     if differ:
         raise UserError(
             f"resume={earlier.path} is a different experiment: {'; '.join(differ)}; "
@@ -797,7 +799,12 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
 
 
 def chosen_by(run: RunDir, group: str) -> str | None:
-    """The option of `group` the run's own command line chose (its Hydra record; None: the default)."""
+    """The option of `group` the run chose (Hydra's record of its choices, else its command line; None: not
+    known, or the default)."""
+    with contextlib.suppress(UserError, AttributeError, TypeError):
+        record = read_yaml_record(run.overrides.with_name("hydra.yaml"), "its record")
+        choice = record["hydra"]["runtime"]["choices"].get(group)
+        return None if choice is None else str(choice)
     try:
         overrides = read_yaml_record(run.overrides, "its record", kind=list)
     except UserError:
