@@ -241,6 +241,8 @@ def test_a_two_process_checkpoint_continues_on_one_process_with_the_same_masks(t
     assert result.returncode == 0, result.stderr[-3000:]
     assert results(moved)["global_step"] == 20
     assert max_relative_difference(final_weights(straight), final_weights(moved)) < 1e-6
+    # The record of the processes is this attempt's: no rank 1 of the earlier one beside rank 0's world size 1.
+    assert sorted(p.name for p in (moved / "ranks").iterdir()) == ["rank0.json"]
 
 
 def test_two_runs_started_together_do_not_collide_and_the_same_seed_gives_identical_weights(tiny_data, tmp_path):

@@ -50,6 +50,11 @@ class RankRecord(pl.Callback):
             "launcher": type(environment).__name__ if environment is not None else None,
         }
         path.write_text(json.dumps(record, indent=2) + "\n")
+        if trainer.global_rank == 0:  # an earlier attempt's ranks this one does not have (it ran on more processes)
+            for stale in range(trainer.world_size, trainer.world_size + 4096):
+                if not self.run_dir.rank_record(stale).is_file():
+                    break
+                self.run_dir.rank_record(stale).unlink()
 
 
 def _first_lr(trainer: pl.Trainer) -> float | None:
