@@ -120,6 +120,17 @@ def test_what_a_user_module_cannot_take_is_one_line(tmp_path, args, said):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("swept", ["model.hidden=8,abc", "data.noise=0.1,loud", "model.hidden=8,1.5"])
+def test_a_sweep_checks_the_values_it_gives_a_user_module_before_its_first_job(tmp_path, swept):
+    sweep = tmp_path / "sweep"
+    result = run_cli(["-m", *REGRESSION, swept, f"hydra.sweep.dir={sweep}"], tmp_path, cwd=PROJECT,
+                     PYTHONPATH=str(PROJECT))  # fmt: skip
+    line = one_line(result)
+    key, value = swept.split("=")[0], swept.split(",")[-1]
+    assert line.startswith("error: sweep job 1 (") and f"{key}={value} is not " in line, line
+    assert not sweep.exists()  # no job ran
+
+
 def test_a_module_named_on_the_command_line_leaves_out_the_options_classifier_arguments(tmp_path):
     """`model._target_=...` over the default model option: its classifier arguments (net, _recursive_) are
     not the new module's; one the command line gives is still checked against its constructor."""

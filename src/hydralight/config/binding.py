@@ -128,6 +128,19 @@ def bind(
     return given
 
 
+def check_values(spec: Mapping[str, Any], key: str, skip: Collection[str] = ()) -> None:
+    """Each value of `spec` (a config with a `_target_`) and of the `_target_`s nested in it, at any depth, checked
+    against what its constructor's annotation (or number or bool default) asks for, and nothing else: what a
+    sweep can check of every value it sweeps before its first job, without the plan each job makes."""
+    if "_target_" in spec and not spec.get("_partial_"):
+        target = import_target(str(spec["_target_"]), f"{key}._target_")
+        values = {k: v for k, v in spec.items() if k not in skip and not isinstance(v, Mapping)}
+        _check_annotated_types(target, values, key, getattr(target, "__qualname__", str(target)))
+    for name, nested in spec.items():
+        if isinstance(nested, Mapping):
+            check_values(nested, f"{key}.{name}")
+
+
 def _required(target: Any) -> list[str]:
     """The arguments `target(...)` cannot be called without (only its own `__init__`: what it passes on to its
     bases it may fill itself)."""

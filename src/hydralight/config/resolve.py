@@ -373,6 +373,17 @@ def check_task_values(c: DictConfig) -> None:
     _positive_int(c.batch.global_size, "batch.global_size")
     _positive_int(c.batch.get("eval_size", 1000), "batch.eval_size")
     _learning_rate(c.optim)
+    # The values given to the module's and the data module's constructors (`model.width=16,abc`), by their
+    # annotations: a wrong one is refused before the sweep's first job, not when its own job starts.
+    from hydralight.config.binding import check_values
+
+    for group in ("model", "data"):
+        try:
+            spec = OmegaConf.to_container(c[group], resolve=True) if c.get(group) is not None else {}
+        except Exception:  # a value only the plan resolves: its job checks it as it starts
+            continue
+        if isinstance(spec, dict):
+            check_values(spec, group, skip=MODULE_OPTIONS)
 
 
 def _learning_rate(optim: DictConfig) -> tuple[float, str]:
