@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, TINY, one_line, run_cli, run_python
 
 from hydralight.errors import UserError
-from hydralight.rundir.ownership import Claim, check_usable, foreign_entries, is_project_dir
+from hydralight.rundir.ownership import Claim, check_usable, claim_sweep_dir, foreign_entries, is_project_dir
 
 # Refused at the first validation of the plan, after the run dir was taken.
 REFUSED_LATE = [*TINY, "trainer.max_steps=2", "objective.metric=val/no_such", "logger=csv"]
@@ -118,6 +118,24 @@ def test_a_hard_linked_copy_of_a_run_dir_gets_files_of_its_own_when_taken(tmp_pa
     assert (copy / "checkpoints" / "last.ckpt").read_bytes() == b"weights"
     assert all(p.stat().st_nlink == 1 for p in original.rglob("*") if p.is_file())
     assert sorted(p.name for p in copy.rglob("*")) == sorted(p.name for p in original.rglob("*"))
+
+
+def test_a_run_and_a_sweep_never_share_a_folder(tmp_path):
+    run, sweep = tmp_path / "run", tmp_path / "sweep"
+    Claim.take(run)
+    (run / "config.yaml").write_text("seed: 1\n")
+    with pytest.raises(UserError, match="holds a run of this project; a sweep goes into a dir of its own"):
+        claim_sweep_dir(run)
+    assert not (run / "multirun.yaml").exists()
+    claim_sweep_dir(sweep)
+    with pytest.raises(UserError, match="is the dir of a sweep of this project; a run goes into a dir of its own"):
+        Claim.take(sweep)
+    # A sweep dir of an earlier version, known by Hydra's record of it.
+    (tmp_path / "older").mkdir()
+    (tmp_path / "older" / "multirun.yaml").write_text("hydra: {}\n")
+    with pytest.raises(UserError, match="is the dir of a sweep"):
+        check_usable(tmp_path / "older", "hydra.run.dir")
+    Claim.take(sweep / "0")  # its jobs' dirs are runs of their own
 
 
 def test_a_file_is_no_run_dir(tmp_path):

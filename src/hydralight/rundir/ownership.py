@@ -98,7 +98,20 @@ def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
             f"{key}={path} holds {entry.relative_to(path)}, a link to {target} outside the run dir, which the run "
             "would write through; nothing was written. Remove the link (a run writes only inside its run dir)"
         )
+    if path.is_dir() and _holds_a_sweep(path):
+        raise UserError(
+            f"{key}={path} is the dir of a sweep of this project; a run goes into a dir of its own (a job of the "
+            "sweep continues with the sweep's own -m command): name another folder"
+        )
     _refuse_foreign(key, path, foreign_entries(path, hydra_wrote), "a run dir of this project, to continue its run")
+
+
+def _holds_a_sweep(path: Path) -> bool:
+    return (path / "multirun.yaml").is_file() or (_mark(path) or {}).get("kind") == "sweep"
+
+
+def _holds_a_run(path: Path) -> bool:
+    return not _holds_a_sweep(path) and ((path / MANIFEST).is_file() or (path / "config.yaml").is_file())
 
 
 def _refuse_foreign(key: str, path: Path, found: list[str], ours: str) -> None:
@@ -116,6 +129,10 @@ def check_sweep_usable(path: Path, key: str = "hydra.sweep.dir") -> None:
     of the user's: one holding anything but a sweep's own files and this project's job dirs."""
     if path.exists() and not path.is_dir():
         raise UserError(f"{key}={path} is a file, not a folder; give a new folder for the sweep")
+    if path.is_dir() and _holds_a_run(path):
+        raise UserError(
+            f"{key}={path} holds a run of this project; a sweep goes into a dir of its own: name another folder"
+        )
     if _mark(path) is not None:
         return
     found = [
@@ -135,7 +152,7 @@ def claim_sweep_dir(path: Path, key: str = "hydra.sweep.dir") -> None:
     made = not path.is_dir()
     path.mkdir(parents=True, exist_ok=True)
     if _mark(path) is None:
-        _write_mark(path, made)
+        _write_mark(path, made, kind="sweep")
 
 
 @dataclass(frozen=True)
@@ -218,9 +235,9 @@ def unshare(path: Path, limit: int = 10_000) -> None:
             os.replace(own, entry)
 
 
-def _write_mark(path: Path, made_folder: bool) -> None:
+def _write_mark(path: Path, made_folder: bool, kind: str = "run") -> None:
     """Write the marker, never through a link someone left in its place."""
-    payload = json.dumps({"by": "hydralight", "made_folder": made_folder}).encode()
+    payload = json.dumps({"by": "hydralight", "made_folder": made_folder, "kind": kind}).encode()
     target = path / MARK
     if target.is_symlink():
         raise UserError(f"{target} is a link; this project writes its marker only as a file of its own: remove it")
