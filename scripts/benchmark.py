@@ -323,15 +323,28 @@ def first_step_seconds(data_dir: str, out: Path, python: str = sys.executable) -
     return float(re.findall(r"first step done at (\d+\.\d+)", output)[0]) - start
 
 
+def floor_first_step_seconds(data_dir: str) -> float:
+    """Process start to the end of the plain floor's first training step: what torch alone takes to get there
+    (its optimizer imports torch._dynamo, as Lightning's import does)."""
+    start = time.time()
+    _, output = run(
+        [sys.executable, str(ROOT / "scripts" / "plain_floor.py"), data_dir, "0"], {"FLOOR_FIRST_STEP": "1"}
+    )
+    return float(re.findall(r"first step done at (\d+\.\d+)", output)[0]) - start
+
+
 def startup(data_dir: str, repeats: int, out: Path) -> dict:
     cfg_job = timed(lambda: run([*TRAIN, "--cfg", "job"])[0], repeats)
-    # torch's own import on the same machine, interleaved with the runs: what any torch program pays first.
-    torch_import, first = [], []
+    # torch's own import and the plain floor's first step on the same machine, interleaved with the runs.
+    torch_import, first, floor = [], [], []
     for _ in range(repeats):
         torch_import.append(run([sys.executable, "-c", "import torch"])[0])
         first.append(first_step_seconds(data_dir, out))
+        floor.append(floor_first_step_seconds(data_dir))
+    torch_s = statistics.median(torch_import)
     return {"cfg_job_s": cfg_job, "first_step_s": summary(first), "torch_import_s": summary(torch_import),
-            "first_step_beyond_torch_s": statistics.median(first) - statistics.median(torch_import)}  # fmt: skip
+            "first_step_beyond_torch_s": statistics.median(first) - torch_s,
+            "floor_first_step_s": summary(floor), "floor_first_step_beyond_torch_s": statistics.median(floor) - torch_s}  # fmt: skip
 
 
 # 10. install: the project alone against the project with its extras -----------------------------------
@@ -667,6 +680,10 @@ def rows_of(results: dict) -> list[tuple[str, str, str, str, str]]:
             *([("startup", "start-up: first step beyond torch's own import", f"{s['first_step_beyond_torch_s']:.2f} s",
                 "<= 1.0 s", f"{fmt(s['first_step_s'])} s vs `import torch` {fmt(s['torch_import_s'])} s")]
               if "torch_import_s" in s else []),
+            *([("startup", "start-up: the plain floor's first step beyond torch's own import (torch alone)",
+                f"{s['floor_first_step_beyond_torch_s']:.2f} s", "-",
+                f"{fmt(s['floor_first_step_s'])} s vs `import torch` {fmt(s['torch_import_s'])} s")]
+              if "floor_first_step_s" in s else []),
         ]  # fmt: skip
     if (p := results.get("scaling")) is not None:
         rows.append(("scaling", "DDP on CPU: 2 / 1 processes samples/s", f"{p['speedup']:.2f}x", "-",

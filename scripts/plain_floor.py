@@ -13,6 +13,7 @@ Prints `test/acc=0.xxxx` as `train.py` does, and `train_seconds=` for the loop a
 """
 
 import ast
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# FLOOR_FIRST_STEP=1: print the wall-clock time of the end of the first training step and exit (start-up benchmark).
+FIRST_STEP_ONLY = os.environ.get("FLOOR_FIRST_STEP") == "1"
 MEAN, STD = 0.1307, 0.3081
 HOLD_OUT, HOLD_OUT_SEED = 5000, 42
 RECIPE = {
@@ -103,6 +106,9 @@ def train(
         loss.backward()
         optimizer.step()
         schedule.step()
+        if i == 0 and FIRST_STEP_ONLY:  # the start-up benchmark: when any torch program's first step is done
+            print(f"first step done at {time.time():.3f}", flush=True)
+            sys.exit(0)
     return net, time.perf_counter() - start
 
 
