@@ -154,8 +154,12 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
             ):
                 trainer.fit(module, datamodule=data, ckpt_path=resume.ckpt_path, weights_only=True)
         # 4. Test the best checkpoint.
-        metrics = fit_end.metrics(trainer) if plan.resume.mode == "train" else dict(trainer.callback_metrics)
-        best, tested, stopped = resume.to_test(trainer), {}, stopped_by(trainer)  # before the test reloads callbacks
+        # What training ended with (that of the attempt that trained, when this one continued a finished training).
+        if plan.resume.mode == "train":
+            ended = fit_end.ended(trainer)
+        else:
+            ended = {"metrics": dict(trainer.callback_metrics), "epochs": None, "stopped_by": stopped_by(trainer)}
+        best, tested = resume.to_test(trainer), {}  # before the test reloads callbacks
         if tests(module, data):
             with testing():
                 trainer.test(module, datamodule=data, ckpt_path=best, verbose=False, weights_only=True)
@@ -163,8 +167,9 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
 
         # 5. Record: results.json, the manifest, one line.
         results = run_results(
-            trainer, metrics, tested, best, plan.objective,
-            throughput.samples_per_second(trainer, record.extra.get("fit_seconds")), stopped,
+            trainer, ended["metrics"], tested, best, plan.objective,
+            throughput.samples_per_second(trainer, record.extra.get("fit_seconds")), ended["stopped_by"],
+            ended["epochs"],
         )  # fmt: skip
         record.finish(results)
         if trainer.is_global_zero:

@@ -16,6 +16,7 @@ class KillAt(pl.Callback):
     - `validation`: inside the validation of step `step` (the final validation when it is the last step)
     - `test`: inside the test stage
     - `records`: after the test stage, before results.json is written
+    - `fit_end`: as `fit` ends, its final checkpoint written
     - `next_job`: as a job starts fitting while job `job`'s results are written (between the jobs of a sweep)
     """
 
@@ -50,6 +51,8 @@ class KillAt(pl.Callback):
 
     def teardown(self, trainer: pl.Trainer, module: pl.LightningModule, stage: str) -> None:
         if self.point == "records" and stage == "test":
+            self._kill()
+        if self.point == "fit_end" and stage == "fit":  # the final checkpoint written, `fit` not yet returned
             self._kill()
 
     def on_fit_start(self, trainer: pl.Trainer, *args) -> None:

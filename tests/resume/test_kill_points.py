@@ -11,6 +11,8 @@ the run ends as an uninterrupted one does, with its weights, its results and its
 | in the final validation | validation of the last step | `final_validation` |
 | in the test stage | a test batch done | `test` |
 | while recording | test done, results.json not written | `records` |
+| as training ends | final checkpoint written, `fit` not returned (also after a step budget) | `fit_end` |
+| in the test of a run a step budget ended | a test batch done | `test_of_a_step_budget` |
 | then a larger budget | a kill in the test, continued with more epochs | `test_then_more_epochs` |
 | a whole epoch, then a larger max_steps | no kill: the budget grows at the boundary | `epoch_then_max_steps` |
 | between the jobs of a sweep | job 0 done, job 1 starting | the sweep test below |
@@ -48,6 +50,11 @@ POINTS = {
     "test": (["point=test"], [], []),
     "records": (["point=records"], [], []),
     "test_then_more_epochs": (["point=test"], [], ["trainer.max_epochs=3"]),
+    # Training done, `fit` not yet returned: what it ended with is in its final checkpoint only.
+    "fit_end": (["point=fit_end"], [], []),
+    # A step budget ends training mid-epoch: the epoch count, the stop and the test's row are those it ended with.
+    "fit_end_of_a_step_budget": (["point=fit_end"], ["trainer.max_steps=20"], ["trainer.max_steps=20"]),
+    "test_of_a_step_budget": (["point=test"], ["trainer.max_steps=20"], ["trainer.max_steps=20"]),
     "epoch_then_max_steps": (
         ["point=none"],
         ["trainer.max_epochs=1"],

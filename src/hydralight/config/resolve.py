@@ -383,7 +383,7 @@ def check_task_values(c: DictConfig) -> None:
         except Exception:  # a value only the plan resolves: its job checks it as it starts
             continue
         if isinstance(spec, dict):
-            check_values(spec, group, skip=MODULE_OPTIONS)
+            check_values({str(k): v for k, v in spec.items()}, group, skip=MODULE_OPTIONS)
 
 
 def _learning_rate(optim: DictConfig) -> tuple[float, str]:

@@ -50,6 +50,8 @@ class HistoryLogger(Logger):
         # While set, the epoch its rows are written with in place of the one Lightning passes (its counter is
         # one ahead during the final validation of a run stopped between validations: training.epochs).
         self.epoch_of_rows: int | None = None
+        # While set, the step its rows are written with (the test of an attempt that continued a finished training).
+        self.step_of_rows: int | None = None
 
     @property
     def name(self) -> str:
@@ -118,6 +120,7 @@ class HistoryLogger(Logger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        step = step if self.step_of_rows is None else self.step_of_rows
         row = {"step": step, **{k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}}
         if self.epoch_of_rows is not None and "epoch" in row:
             row["epoch"] = self.epoch_of_rows

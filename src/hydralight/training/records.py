@@ -14,6 +14,7 @@ import pytorch_lightning as pl
 from torch.nn import SyncBatchNorm
 
 from hydralight.config.plan import ObjectivePlan
+from hydralight.lightning_internals import logging_step
 from hydralight.rundir.layout import RunDir
 from hydralight.rundir.outcome import test_counterpart
 from hydralight.rundir.record import read_json, write_json
@@ -132,35 +133,80 @@ class Throughput(pl.Callback):
 
 
 class FitEnd(pl.Callback):
-    """What training ended with, kept in the run dir (`fit_end.json`): an attempt that continues a run
-    whose training was done (killed in its test or while writing its records) trains no step, so Lightning
-    has no metrics of the training for it; it reports those of the attempt that trained, and the history
-    keeps that attempt's rows once."""
+    """What training ended with: an attempt that continues a run whose training was done (killed as `fit` ended,
+    in its test or while writing its records) trains no step, so Lightning has no metrics, epoch count or
+    stopping reason of the training for it; it reports those of the attempt that trained, and the history keeps
+    that attempt's rows once. Written as `fit` ends (`fit_end.json` in the run dir) and kept in a checkpoint saved
+    as training ends (its callback state): a kill between the two loses neither."""
 
     def __init__(self, run_dir: str, writer: bool) -> None:
         self.run_dir, self.writer = RunDir.at(run_dir), writer
+        self._trainer: pl.Trainer | None = None
+        self._started_at: int | None = None  # the step this attempt's training started from; None: it did not
+        self._ended = False  # training is over: a checkpoint saved now is the final one
+        self._restored: dict[str, Any] = {}
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # This attempt trains: what an earlier one ended with is no longer the end (removed where the rank
         # runs, also in a spawned one).
+        self._started_at = trainer.global_step
         if trainer.is_global_zero:
             self.run_dir.fit_end.unlink(missing_ok=True)
 
-    def metrics(self, trainer: pl.Trainer) -> dict[str, float]:
-        """The metrics training ended with (call after `fit`)."""
-        current = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._ended = True  # before the last checkpoint's own end of training (Lightning calls checkpoints last)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.writer and self._trained(trainer):
+            write_json(self.run_dir.fit_end, self._now(trainer))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._now(self._trainer) if self._ended and self._trainer is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = dict(state_dict)
+
+    def _trained(self, trainer: pl.Trainer) -> bool:
+        return self._started_at is not None and trainer.global_step > self._started_at
+
+    def _now(self, trainer: pl.Trainer) -> dict[str, Any]:
         history = next((lg for lg in trainer.loggers if isinstance(lg, HistoryLogger)), None)
-        earlier = read_json(self.run_dir.fit_end)
-        if earlier is not None and earlier.get("global_step") == trainer.global_step:
+        return {
+            "global_step": trainer.global_step,
+            "epochs": trainer.current_epoch,
+            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
+            "stopped_by": stopped_by(trainer),
+            "history_rows": history.row_count() if history else None,
+            "log_step": logging_step(trainer),  # where the test's values are written
+        }
+
+    def ended(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """What training ended with (call after `fit`): `metrics`, `epochs`, `stopped_by`; those of the attempt
+        that trained when this one trained no step."""
+        if self._trained(trainer):
+            return self._now(trainer)
+        history = next((lg for lg in trainer.loggers if isinstance(lg, HistoryLogger)), None)
+        for earlier in (read_json(self.run_dir.fit_end), self._restored):
+            if not earlier or earlier.get("global_step") != trainer.global_step:
+                continue
+            metrics = earlier.get("metrics")
+            if not isinstance(metrics, dict):
+                continue
             if history is not None and isinstance(earlier.get("history_rows"), int):
                 history.keep_rows(earlier["history_rows"])
-            metrics = earlier.get("metrics")
-            if isinstance(metrics, dict):
-                return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
-        if self.writer:
-            ended = {"global_step": trainer.global_step, "metrics": current}
-            write_json(self.run_dir.fit_end, {**ended, "history_rows": history.row_count() if history else None})
-        return current
+            if history is not None and isinstance(earlier.get("log_step"), int):
+                # The test's rows at the step and epoch the attempt that trained would have written them.
+                history.step_of_rows, history.epoch_of_rows = earlier["log_step"], earlier["epochs"]
+            return {
+                "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
+                # (Recorded by an earlier version: the metrics only.)
+                "epochs": earlier.get("epochs", trainer.current_epoch),
+                "stopped_by": earlier["stopped_by"] if "stopped_by" in earlier else stopped_by(trainer),
+            }
+        return self._now(trainer)
 
 
 def objective_value(trainer: pl.Trainer, metrics: dict[str, float], metric: str) -> float | None:
@@ -203,11 +249,13 @@ def run_results(
     objective: ObjectivePlan,
     samples_per_second: float | None,
     stopped: dict[str, Any] | None = None,
+    epochs: int | None = None,
 ) -> dict[str, Any]:
     """results.json of a finished run: epochs, steps, every final metric, the objective (the best
     validation value of `objective.metric`: what a sweeper may tune on, never a test metric), samples/s.
     `tested`: what the test stage logged, under the module's own names (test/acc, test_loss, a log_dict's);
-    `stopped`: what ended training (`stopped_by`, read before the test)."""
+    `stopped`: what ended training (`stopped_by`, read before the test); `epochs`: the epochs training ended
+    with (`FitEnd.ended`), else the trainer's."""
     tested = {k: float(v) for k, v in tested.items()}
     metrics = {**{k: float(v) for k, v in metrics.items()}, **tested}
     # The objective's test counterpart, kept at the top level where earlier results had it (test/acc); only
@@ -215,7 +263,7 @@ def run_results(
     headline_key = test_counterpart(objective.metric)
     headline = {headline_key: metrics[headline_key]} if headline_key in metrics else {}
     return {
-        "epochs": trainer.current_epoch,
+        "epochs": trainer.current_epoch if epochs is None else epochs,
         "global_step": trainer.global_step,
         "best_checkpoint": best or None,
         "metrics": metrics,
