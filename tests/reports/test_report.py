@@ -616,3 +616,33 @@ def test_a_group_of_runs_validated_once_shows_its_spread_as_a_bar(tmp_path):
     bars = [c for c in acc.collections if c.get_segments()]
     spans = sorted(sorted(y for _, y in bar.get_segments()[0]) for bar in bars)
     assert spans == [pytest.approx([0.70, 0.72]), pytest.approx([0.80, 0.90])]
+
+
+def test_a_report_never_replaces_a_file_it_did_not_write_nor_writes_through_a_link(tmp_path):
+    sweep = tmp_path / "sweep"
+    write_job(sweep, "0", ["optim.lr=0.001"], vals=[(9, 0.8)])
+    write_job(sweep, "1", ["optim.lr=0.01"], vals=[(9, 0.9)])
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    snapshot = lambda: {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and not p.is_symlink()}  # noqa: E731
+
+    def refused(said: str) -> None:
+        before = snapshot()
+        with pytest.raises(UserError, match=said):
+            write_report(sweep)
+        assert snapshot() == before and outside.read_text() == "keep me"
+        assert not list(sweep.glob(".report-*"))  # its staging folder goes too
+
+    (sweep / "curves.png").symlink_to(outside)
+    refused("curves.png is a link; a report writes only files of its own")
+    (sweep / "curves.png").unlink()
+    (sweep / "report.md").write_text("# my own notes\n")
+    refused("report.md was not written by a report")
+    (sweep / "report.md").unlink()
+    # Its own files it replaces, run after run; one the user edited since, it does not.
+    write_report(sweep)
+    again = write_report(sweep)
+    assert {p.name for p in again["files"]} <= {p.name for p in sweep.iterdir()}
+    with (sweep / "report.csv").open("a") as f:
+        f.write("my,row\n")
+    refused("report.csv was not written by a report")

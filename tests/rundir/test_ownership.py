@@ -136,6 +136,8 @@ def test_a_run_and_a_sweep_never_share_a_folder(tmp_path):
     with pytest.raises(UserError, match="is the dir of a sweep"):
         check_usable(tmp_path / "older", "hydra.run.dir")
     Claim.take(sweep / "0")  # its jobs' dirs are runs of their own
+    (sweep / ".hydralight-report.json").write_text("{}")  # a report's record of its files: the sweep's own
+    claim_sweep_dir(sweep)
 
 
 def test_a_file_is_no_run_dir(tmp_path):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from hydralight.errors import UserError
 from hydralight.reports import plots
+from hydralight.reports.files import staged
 from hydralight.reports.scaling import machine_note, scaling_lines, scaling_points, write_scaling_plot
 from hydralight.reports.search import load_search, search_lines, surface_note, write_search_plots
 from hydralight.rundir.outcome import FAILED, JobOutcome, find_jobs, test_counterpart
@@ -303,14 +304,22 @@ def write_report(
     groups = group_jobs(jobs, grouped_keys) if grouped_keys else []
     shown_keys = [k for k in swept if k not in grouped_keys]
     metric, direction = next(((j.metric, j.direction) for j in jobs if j.finished), (jobs[0].metric, jobs[0].direction))
+    final_dir = out_dir
+    with staged(final_dir) as out_dir:
+        summary = _write(sweep_dir, out_dir, jobs, swept, grouped_keys, groups, shown_keys, metric, direction)
+    summary["files"] = [final_dir / path.name for path in summary["files"]]
+    return summary
+
+
+def _write(sweep_dir: Path, out_dir: Path, jobs: list[Job], swept: list[str], grouped_keys: list[str],
+           groups: list[Group], shown_keys: list[str], metric: str, direction: str) -> dict[str, Any]:  # fmt: skip
+    """write_report's files, into `out_dir`; its summary."""
     done = sorted((j for j in jobs if j.finished), key=_sort_key)
     pending = [j for j in jobs if not j.finished]
     failed = [j for j in pending if j.status in FAILED]
     rows = [j.row(swept) for j in done] + [j.row(swept) for j in pending]
     header = columns(metric)
     group_rows = [g.row(shown_keys) for g in groups]
-
-    out_dir.mkdir(parents=True, exist_ok=True)
     tables = [(out_dir / "report.csv", group_columns(metric), group_rows), (out_dir / "report_jobs.csv", header, rows)]
     for path, head, body in tables if groups else [(out_dir / "report.csv", header, rows)]:
         with path.open("w", newline="") as f:

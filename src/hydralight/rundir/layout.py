@@ -26,6 +26,8 @@ FIT_END = "fit_end.json"
 RANKS = "ranks"
 # The sweep dir: jobs submitted (launchers), the search's trials and best, the study's storage.
 JOBS = "jobs.json"
+# What a sweep report wrote into a folder, with each file's hash (hydralight.reports.files).
+REPORT_RECORD = ".hydralight-report.json"
 SEARCH = "search.json"
 BEST = "best.yaml"
 STUDY = "optuna.db"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydralight.errors import UserError
-from hydralight.rundir.layout import BEST, JOBS, LOCK, LOCK_LEFTOVERS, MANIFEST, MARK, SEARCH, STUDY
+from hydralight.rundir.layout import BEST, JOBS, LOCK, LOCK_LEFTOVERS, MANIFEST, MARK, REPORT_RECORD, SEARCH, STUDY
 from hydralight.rundir.record import read_json
 
 # What Hydra writes into a job's dir before the task runs: its record and its log file.
@@ -24,7 +24,19 @@ _HYDRA_WRITES = (".hydra", "multirun.yaml")
 # What a sweep dir of an earlier version holds beside its job dirs: Hydra's record, the launchers', the
 # search's and the report's files.
 _SWEEP_WRITES = frozenset(
-    {"multirun.yaml", JOBS, SEARCH, BEST, STUDY, "sbatch", ".submitit", "report.md", "report.csv", "report_jobs.csv"}
+    {
+        "multirun.yaml",
+        JOBS,
+        SEARCH,
+        BEST,
+        STUDY,
+        "sbatch",
+        ".submitit",
+        "report.md",
+        "report.csv",
+        "report_jobs.csv",
+        REPORT_RECORD,
+    }
 )
 
 
