@@ -89,7 +89,7 @@ def test_a_link_in_place_of_the_marker_is_not_followed(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / ".hydralight").symlink_to(outside)
-    with pytest.raises(UserError, match="a link to .* outside the run dir"):
+    with pytest.raises(UserError, match=r"a link to .* \(outside the run dir\)"):
         check_usable(run, "hydra.run.dir")
     assert outside.read_text() == "keep me"
 
@@ -192,9 +192,17 @@ def test_a_link_out_of_a_run_dir_is_refused_before_anything_is_written(tmp_path,
     run = Claim.take(tmp_path / "run").path  # a run dir of this project, someone's link put in it
     (run / inside).parent.mkdir(parents=True, exist_ok=True)
     (run / inside).symlink_to(outside)
-    with pytest.raises(UserError, match=f"holds {inside}, a link to {outside} outside the run dir"):
+    with pytest.raises(UserError, match=f"holds {inside}, a link to {outside} \\(outside the run dir\\)"):
         Claim.take(run)
     assert outside.read_text() == "keep me\n"
+    # A link to a file of the user's in the run dir itself would be written through as well.
+    (run / inside).unlink()
+    (run / "notes.txt").write_text("my notes\n")
+    (run / inside).symlink_to(run / "notes.txt")
+    with pytest.raises(UserError, match=f"holds {inside}, a link to .*notes.txt \\(in it\\)"):
+        Claim.take(run)
+    assert (run / "notes.txt").read_text() == "my notes\n"
+    (run / "notes.txt").unlink()
     # Lightning's own links stay inside (save_last: link): they are fine.
     (run / inside).unlink()
     (run / "checkpoints").mkdir(exist_ok=True)

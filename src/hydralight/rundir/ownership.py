@@ -76,10 +76,11 @@ def foreign_entries(path: Path, hydra_wrote: bool = False) -> list[str]:
 
 
 def link_out_of(path: Path, limit: int = 10_000) -> tuple[Path, str] | None:
-    """A link inside the run dir whose target lies outside it (what a write through it would change), with its
-    target; None when there is none. Links that stay inside (Lightning's `last.ckpt -> epoch...ckpt`) are fine,
-    and so are those in the logs of an earlier attempt's wandb run (wandb links its core's log in the user's
-    cache there): every attempt's wandb run writes a folder of its own, never through an earlier one's."""
+    """A link inside the run dir that a write through it would change something of someone else's by (one to a
+    file outside, or to a file of the run dir that is not a checkpoint: `results.json -> notes.txt`), with its
+    target; None when there is none. Lightning's `last.ckpt -> epoch...ckpt` is fine, and so are the links in
+    the logs of an earlier attempt's wandb run (wandb links its core's log in the user's cache there): every
+    attempt's wandb run writes a folder of its own, never through an earlier one's."""
     root = path.resolve()
     seen = 0
     for folder, dirs, names in os.walk(path):  # never into linked folders: a linked folder is itself checked
@@ -88,7 +89,10 @@ def link_out_of(path: Path, limit: int = 10_000) -> tuple[Path, str] | None:
             if seen > limit:
                 return None  # no run dir holds that many files: not worth walking further
             entry = Path(folder) / name
-            if entry.is_symlink() and not entry.resolve().is_relative_to(root) and not _wandb_log(entry, path):
+            if not entry.is_symlink() or _wandb_log(entry, path):
+                continue
+            target = entry.resolve()
+            if not target.is_relative_to(root) or not (target.suffix == ".ckpt" and entry.suffix == ".ckpt"):
                 return entry, os.readlink(entry)
     return None
 
@@ -106,9 +110,14 @@ def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
         raise UserError(f"{key}={path} is a file, not a folder; give a new folder for the run")
     if path.is_dir() and (link := link_out_of(path)) is not None:
         entry, target = link
+        where = (
+            "outside the run dir"
+            if not (path / entry.relative_to(path)).resolve().is_relative_to(path.resolve())
+            else "in it"
+        )
         raise UserError(
-            f"{key}={path} holds {entry.relative_to(path)}, a link to {target} outside the run dir, which the run "
-            "would write through; nothing was written. Remove the link (a run writes only inside its run dir)"
+            f"{key}={path} holds {entry.relative_to(path)}, a link to {target} ({where}); a run writes only files of "
+            "its own, never through a link, and nothing was written: remove the link"
         )
     if path.is_dir() and _holds_a_sweep(path):
         raise UserError(
