@@ -188,6 +188,11 @@ def test_resume_a_run_by_its_dir_and_refuse_another_experiment(tiny_data, tmp_pa
     # A preset that sets other keys (experiment=...) is compared as the run chose it: it would be ignored.
     line = one_line(run_cli(["resume=" + str(first), "experiment=fast"], tmp_path / "unused3", tiny_data))
     assert "is a different experiment: experiment (run: None, now: fast)" in line, line
+    # The run's own option, set otherwise: the keys that differ are named.
+    line = one_line(
+        run_cli(["resume=" + str(first), "model=mlp", "model.net.hidden=[8]"], tmp_path / "unused4", tiny_data)
+    )
+    assert "is a different experiment: model.net.hidden (run: " in line and "now: [8])" in line, line
 
 
 def test_resume_given_a_checkpoint_file_names_ckpt_path(tiny_data, tmp_path):

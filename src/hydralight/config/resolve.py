@@ -783,13 +783,17 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
                 differ.append(f"{key} (run: {chosen}, now: {item.split('=', 1)[-1]})")
             continue
         was, asked = plain(OmegaConf.select(then, key)), plain(OmegaConf.select(now, key))
-        if was != asked and isinstance(was, dict) and "=" in item:  # an option of a group: named, not dumped
-            differ.append(f"{key} (run: {chosen_by(earlier, key) or 'its own'}, now: {item.split('=', 1)[-1]})")
+        if was != asked and isinstance(was, dict) and isinstance(asked, dict):  # a group: its option, or its keys
+            chosen, option = chosen_by(earlier, key) or "its own", item.split("=", 1)[-1]
+            if chosen != option:
+                differ.append(f"{key} (run: {chosen}, now: {option})")
+            else:  # the same option, set otherwise on the run's command line
+                differ += [f"{key}.{k} (run: {a}, now: {b})" for k, a, b in _leaves_that_differ(was, asked)][:3]
         elif was != asked:
             differ.append(f"{key} (run: {was}, now: {asked})")
     if differ:
         raise UserError(
-            f"resume={earlier.path} is a different experiment: {'; '.join(differ)}; "
+            f"resume={earlier.path} is a different experiment: {'; '.join(dict.fromkeys(differ))}; "
             "drop those overrides to continue that run, or start a new one"
         )
     # A longer budget given on the command line extends the run; the saved one stands otherwise.
@@ -807,6 +811,15 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
         )
     moved["resume"] = "auto"
     return moved, str(earlier.path.resolve())
+
+
+def _leaves_that_differ(a: Any, b: Any, where: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in a, value in b) of each leaf two configs differ in."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [
+            d for k in sorted(set(a) | set(b), key=str) for d in _leaves_that_differ(a.get(k), b.get(k), f"{where}{k}.")
+        ]
+    return [] if a == b else [(where.rstrip("."), a, b)]
 
 
 def chosen_by(run: RunDir, group: str) -> str | None:
