@@ -31,6 +31,9 @@ def test_a_validation_that_logs_nothing_trains_without_an_objective(processes, t
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     said = [line for line in (run / "train.log").read_text().splitlines() if "no objective:" in line]
     assert len(said) == 1 and "trainer.limit_val_batches=0" in said[0], said
+    # Its own loaders are not used: the data module's are, and the run says so.
+    own = [line for line in (run / "train.log").read_text().splitlines() if "train_dataloader of its own" in line]
+    assert len(own) == 1 and "boring_data.BoringData" in own[0], own
     results = json.loads((run / "results.json").read_text())
     assert results["global_step"] == 6 and results["objective"]["value"] is None
     assert results["best_checkpoint"].endswith("last.ckpt")

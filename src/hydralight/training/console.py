@@ -188,4 +188,12 @@ def show_start(plan: RunPlan, model: nn.Module) -> None:
         say(f"note: {line}")
     if (last := last_batch_note(plan.data.spec, plan.data.offered)) is not None:
         say(f"note: {last}")
+    from pytorch_lightning.utilities.model_helpers import is_overridden
+
+    if plan.resume.mode == "train" and is_overridden("train_dataloader", model):
+        say(
+            f"note: {type(model).__name__} has a train_dataloader of its own, which this run does not use: it trains "
+            f"on the data module's loaders ({plan.data.spec.get('_target_')}); give your data as a "
+            "LightningDataModule (data._target_=...) to train on it"
+        )
     say(f"run dir: {plan.paths.run_dir}")
