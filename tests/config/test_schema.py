@@ -34,6 +34,7 @@ REJECTED = [
     ("precision=16", "precision=16 is not an option of precision; use one of 16-mixed, 32-true"),  # a number
     ("callbacks=[default,early_stoping]", "callbacks=early_stoping is not an option of callbacks; use one of"),
     ("tags=mnist", "tags=mnist is not a list; write tags=[mnist]"),
+    ("data=null", "data=null: the data group needs one of its options (fashion_mnist, imagefolder, mnist, text)"),
     ("trainer.accelerator=gpu", "trainer.accelerator is set by the plan; set hardware.accelerator instead"),
     ("trainer.max_epoch=3", "trainer.max_epoch is not a config key"),
     ("+trainer.gradiant_clip_val=1", "trainer.gradiant_clip_val is not a config key"),

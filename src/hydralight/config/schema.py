@@ -320,6 +320,13 @@ def explain(err: BaseException, overrides: list[str]) -> str:
             or template_key(name)
             or f"{name} is not a config key; check the spelling (`--cfg job` prints the config)"
         )
+    if "Config group override must be a string or a list. Got NoneType" in text:
+        nulled = [o.split("=", 1)[0].lstrip("+~") for o in overrides if o.split("=", 1)[-1] in ("null", "None")]
+        group = next((g for g in nulled if "." not in g), None)
+        if group is not None:
+            options = _options(group)
+            own = f", or name your own with {group}._target_=..." if group in ("model", "data") else ""
+            return f"{group}=null: the {group} group needs one of its options ({', '.join(options)}); pick one{own}"
     if m := re.search(r"Could not load '([\w/]+)/([^']+)'", text):  # an option misspelt in a list of them
         group, name = m.group(1).split("/")[-1], m.group(2)
         if options := _options(m.group(1)):
