@@ -101,7 +101,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
     if is_rank_zero():
         with lightning_refusals():  # missing or corrupt files are refused before any run file is written
             data.prepare_data()
-    data = with_planned_batch(data, plan.data.spec, plan.data.offered, plan.hardware.world_size)
+    built, data = data, with_planned_batch(data, plan.data.spec, plan.data.offered, plan.hardware.world_size)
     sizes = stated_sizes(data)
     plan, built_for = resume.model(sizes)  # mode=eval/predict: the module the checkpoint holds
     module = build_module(plan.model, built_for)
@@ -120,7 +120,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
         # 2. Build: process settings, loggers, callbacks, trainer.
         this_machine.apply(plan.framework.env, plan.framework.matmul_precision)
         if is_rank_zero():
-            show_start(plan, module)
+            show_start(plan, module, divides_batch=data is not built)
         throughput = Throughput(plan.task.global_size, into=record.extra)  # training samples/s, start-up left out
         writer = [PredictionWriter(run_dir.path)] if predicting else []
         fit_end = FitEnd(plan.paths.run_dir, is_rank_zero())

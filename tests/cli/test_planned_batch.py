@@ -27,6 +27,10 @@ def test_the_template_data_module_trains_on_the_planned_global_batch(processes, 
     assert measured(run) == {f"rank{r}.json": 32 // world for r in range(world)}
     divides = "divides batch_size by the world size itself (its loader gave 8 per device for batch_size=16)"
     assert (divides in done.stderr) == (world == 2)
+    # The data config's batch_size: replaced by the per-device batch on 1 process; on 2, given the global batch as
+    # the note above says, not said to be replaced by the per-device one.
+    replaced = "note: data.batch_size=128 in the data config is replaced by the plan's per-device batch of"
+    assert (replaced in done.stdout + done.stderr) == (world == 1)
     results = json.loads((run / "results.json").read_text())
     # The records count what the ranks trained (ddp_spawn too), as one process does: 6 steps of epoch 0, which
     # Lightning counts as ended when the budget stops it.

@@ -167,9 +167,10 @@ def test_plan_true_refuses_what_the_run_would(tmp_path):
         assert "add +model.width=<value>" in line and not (tmp_path / "run").exists()
     followed = run_cli([*args, "+model.width=3", "plan=true"], tmp_path / "run", cwd=tmp_path, PYTHONPATH=str(tmp_path))
     assert followed.returncode == 0, followed.stderr[-2000:]  # the advice, taken as written
-    # A sweep of plans where one job would be refused: said, exit code 1, and nothing written.
+    # A sweep of plans where one job would be refused: said before any plan (the value checked against the
+    # constructor with every other swept value), exit code 2, and nothing written.
     sweep = tmp_path / "sweep"
     planned = run_cli(["-m", *args, "+model.width=3,abc", "plan=true", f"hydra.sweep.dir={sweep}"], tmp_path,
                       cwd=tmp_path, PYTHONPATH=str(tmp_path))  # fmt: skip
-    assert planned.returncode == 1 and "model.width=abc is not an integer" in planned.stderr, planned.stderr[-2000:]
+    assert planned.returncode == 2 and "model.width=abc is not an integer" in planned.stderr, planned.stderr[-2000:]
     assert not sweep.exists() or not any(sweep.rglob("*.json"))

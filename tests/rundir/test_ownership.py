@@ -213,6 +213,7 @@ def test_a_link_out_of_a_run_dir_is_refused_before_anything_is_written(tmp_path,
     logs = run / "wandb" / "offline-run-20261204_211814-abc" / "logs"
     logs.mkdir(parents=True)
     (logs / "debug-core.log").symlink_to(outside)
+    (run / "wandb" / "latest-run").symlink_to("offline-run-20261204_211814-abc")  # wandb's own, inside wandb/
     assert Claim.take(run).made_folder
     (run / "wandb" / "debug-core.log").symlink_to(outside)  # anywhere else it is refused as any link is
     with pytest.raises(UserError, match="holds wandb/debug-core.log, a link to"):

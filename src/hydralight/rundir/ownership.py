@@ -78,8 +78,8 @@ def foreign_entries(path: Path, hydra_wrote: bool = False) -> list[str]:
 def link_out_of(path: Path, limit: int = 10_000) -> tuple[Path, str] | None:
     """A link inside the run dir that a write through it would change something of someone else's by (one to a
     file outside, or to a file of the run dir that is not a checkpoint: `results.json -> notes.txt`), with its
-    target; None when there is none. Lightning's `last.ckpt -> epoch...ckpt` is fine, and so are the links in
-    the logs of an earlier attempt's wandb run (wandb links its core's log in the user's cache there): every
+    target; None when there is none. Lightning's `last.ckpt -> epoch...ckpt` is fine, so is wandb's
+    `wandb/latest-run -> offline-run-...`, and so are the links in the logs of an earlier attempt's wandb run (wandb links its core's log in the user's cache there): every
     attempt's wandb run writes a folder of its own, never through an earlier one's."""
     root = path.resolve()
     seen = 0
@@ -92,7 +92,9 @@ def link_out_of(path: Path, limit: int = 10_000) -> tuple[Path, str] | None:
             if not entry.is_symlink() or _wandb_log(entry, path):
                 continue
             target = entry.resolve()
-            if not target.is_relative_to(root) or not (target.suffix == ".ckpt" and entry.suffix == ".ckpt"):
+            lightnings = target.suffix == ".ckpt" and entry.suffix == ".ckpt"  # save_last="link"
+            wandbs = target.is_relative_to(root / "wandb") and entry.relative_to(path).parts[0] == "wandb"  # latest-run
+            if not target.is_relative_to(root) or not (lightnings or wandbs):
                 return entry, os.readlink(entry)
     return None
 

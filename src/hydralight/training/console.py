@@ -181,11 +181,13 @@ def model_name(model: nn.Module) -> str:
     return f"{type(model).__name__}({', '.join(parts)})" if parts else type(model).__name__
 
 
-def show_start(plan: RunPlan, model: nn.Module) -> None:
-    """The first lines of a run: its plan and its run dir."""
+def show_start(plan: RunPlan, model: nn.Module, divides_batch: bool = False) -> None:
+    """The first lines of a run: its plan and its run dir. `divides_batch`: the data module divides batch_size by
+    the world size itself, and was given the global batch (its own note said so)."""
     say(plan_line(plan, model))
     for line in replaced_by_plan(plan.data.spec, plan.data.offered):
-        say(f"note: {line}")
+        if not (divides_batch and line.startswith("data.batch_size=")):
+            say(f"note: {line}")
     if (last := last_batch_note(plan.data.spec, plan.data.offered)) is not None:
         say(f"note: {last}")
     from pytorch_lightning.utilities.model_helpers import is_overridden
