@@ -321,8 +321,7 @@ def explain(err: BaseException, overrides: list[str]) -> str:
             or f"{name} is not a config key; check the spelling (`--cfg job` prints the config)"
         )
     if "Config group override must be a string or a list. Got NoneType" in text:
-        nulled = [o.split("=", 1)[0].lstrip("+~") for o in overrides if o.split("=", 1)[-1] in ("null", "None")]
-        group = next((g for g in nulled if "." not in g), None)
+        group = next((k for k, v in given.items() if v in ("null", "None") and "." not in k), None)
         if group is not None:
             options = _options(group)
             own = f", or name your own with {group}._target_=..." if group in ("model", "data") else ""

@@ -16,7 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydralight.errors import UserError
-from hydralight.rundir.layout import BEST, JOBS, LOCK, LOCK_LEFTOVERS, MANIFEST, MARK, REPORT_RECORD, SEARCH, STUDY
+from hydralight.rundir.layout import (
+    BEST,
+    CONFIG,
+    JOBS,
+    LOCK,
+    LOCK_LEFTOVERS,
+    MANIFEST,
+    MARK,
+    REPORT_RECORD,
+    SEARCH,
+    STUDY,
+)
 from hydralight.rundir.record import read_json
 
 # What Hydra writes into a job's dir before the task runs: its record and its log file.
@@ -79,8 +90,9 @@ def link_out_of(path: Path, limit: int = 10_000) -> tuple[Path, str] | None:
     """A link inside the run dir that a write through it would change something of someone else's by (one to a
     file outside, or to a file of the run dir that is not a checkpoint: `results.json -> notes.txt`), with its
     target; None when there is none. Lightning's `last.ckpt -> epoch...ckpt` is fine, so is wandb's
-    `wandb/latest-run -> offline-run-...`, and so are the links in the logs of an earlier attempt's wandb run (wandb links its core's log in the user's cache there): every
-    attempt's wandb run writes a folder of its own, never through an earlier one's."""
+    `wandb/latest-run -> offline-run-...`, and so are the links in the logs of an earlier attempt's wandb run
+    (wandb links its core's log in the user's cache there): every attempt's wandb run writes a folder of its own,
+    never through an earlier one's."""
     root = path.resolve()
     seen = 0
     for folder, dirs, names in os.walk(path):  # never into linked folders: a linked folder is itself checked
@@ -112,11 +124,7 @@ def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
         raise UserError(f"{key}={path} is a file, not a folder; give a new folder for the run")
     if path.is_dir() and (link := link_out_of(path)) is not None:
         entry, target = link
-        where = (
-            "outside the run dir"
-            if not (path / entry.relative_to(path)).resolve().is_relative_to(path.resolve())
-            else "in it"
-        )
+        where = "in it" if entry.resolve().is_relative_to(path.resolve()) else "outside the run dir"
         raise UserError(
             f"{key}={path} holds {entry.relative_to(path)}, a link to {target} ({where}); a run writes only files of "
             "its own, never through a link, and nothing was written: remove the link"
@@ -134,7 +142,7 @@ def _holds_a_sweep(path: Path) -> bool:
 
 
 def _holds_a_run(path: Path) -> bool:
-    return not _holds_a_sweep(path) and ((path / MANIFEST).is_file() or (path / "config.yaml").is_file())
+    return not _holds_a_sweep(path) and ((path / MANIFEST).is_file() or (path / CONFIG).is_file())
 
 
 def _refuse_foreign(key: str, path: Path, found: list[str], ours: str) -> None:

@@ -145,6 +145,7 @@ class FitEnd(pl.Callback):
         self._started_at: int | None = None  # the step this attempt's training started from; None: it did not
         self._ended = False  # training is over: a checkpoint saved now is the final one
         self._restored: dict[str, Any] = {}
+        self._at_fit_end: dict[str, Any] | None = None  # what this attempt's training ended with
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
@@ -160,8 +161,10 @@ class FitEnd(pl.Callback):
         self._ended = True  # before the last checkpoint's own end of training (Lightning calls checkpoints last)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.writer and self._trained(trainer):
-            write_json(self.run_dir.fit_end, self._now(trainer))
+        if self._trained(trainer):
+            self._at_fit_end = self._now(trainer)
+            if self.writer:
+                write_json(self.run_dir.fit_end, self._at_fit_end)
 
     def state_dict(self) -> dict[str, Any]:
         return self._now(self._trainer) if self._ended and self._trainer is not None else {}
@@ -187,7 +190,7 @@ class FitEnd(pl.Callback):
         """What training ended with (call after `fit`): `metrics`, `epochs`, `stopped_by`; those of the attempt
         that trained when this one trained no step."""
         if self._trained(trainer):
-            return self._now(trainer)
+            return self._at_fit_end or self._now(trainer)
         history = next((lg for lg in trainer.loggers if isinstance(lg, HistoryLogger)), None)
         for earlier in (read_json(self.run_dir.fit_end), self._restored):
             if not earlier or earlier.get("global_step") != trainer.global_step:
