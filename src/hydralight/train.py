@@ -118,7 +118,7 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
 
     with job_scope(), wandb_scope(), record, blamed_on_a_failed_rank():  # the next job of a sweep starts clean
         # 2. Build: process settings, loggers, callbacks, trainer.
-        this_machine.apply(plan.framework.env, plan.framework.matmul_precision)
+        this_machine.apply(plan.framework.env, plan.framework.matmul_precision, plan.hardware.cpus_per_task)
         if is_rank_zero():
             show_start(plan, module, divides_batch=data is not built)
         throughput = Throughput(plan.task.global_size, into=record.extra)  # training samples/s, start-up left out

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY, csv_rows, one_line, run_cli, run_python
+from conftest import HELPERS, TINY, csv_rows, one_line, run_cli, run_python
 
 
 def test_train_writes_checkpoint_metrics_and_record(tiny_data, tmp_path):
@@ -49,6 +49,28 @@ def test_console_of_a_plain_run_is_plan_run_dir_progress_result(tiny_data, tmp_p
     assert lines[1] == f"run dir: {run}"
     assert lines[-1].startswith("test/acc=") and sum(line.startswith("test") for line in lines) == 1
     assert "Traceback" not in console and "Warning" not in console
+
+
+@pytest.mark.slow
+def test_torch_trains_on_the_cores_the_plan_gives_it(tiny_data, tmp_path):
+    """hardware.cpus_per_task holds torch's threads to it, and an OMP_NUM_THREADS of the user's wins; the plan
+    line says what is in force, measured by a callback as the run trains (real interpreters, not forks)."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("needs 2 cores to give torch fewer")
+    seen = ["+callbacks.threads._target_=threads_seen.ThreadsSeen", "+callbacks.threads.run_dir=${hydra:run.dir}"]
+    fresh = {"HYDRALIGHT_TESTS_FRESH": "1", "PYTHONPATH": str(HELPERS)}
+    # The suite's own OMP_NUM_THREADS (its workers share the cores) is not a user's: none here.
+    held = run_cli(
+        [*TINY, *seen, "hardware.cpus_per_task=1"], tmp_path / "held", tiny_data, OMP_NUM_THREADS="", **fresh
+    )
+    assert held.returncode == 0, held.stderr[-2000:]
+    assert held.stdout.splitlines()[0].startswith("plan: 1 cpu process (1 cpu each)")
+    assert json.loads((tmp_path / "held" / "threads-0.json").read_text())["threads"] == 1
+    told = run_cli([*TINY, *seen], tmp_path / "told", tiny_data, OMP_NUM_THREADS="1", **fresh)
+    assert told.returncode == 0, told.stderr[-2000:]
+    assert told.stdout.splitlines()[0].startswith(f"plan: 1 cpu process ({cores} cpus each, torch on 1 thread)")
+    assert json.loads((tmp_path / "told" / "threads-0.json").read_text())["threads"] == 1
 
 
 # What Lightning says when it resumes or sets up DDP: the project's own line says it once, in its own words.

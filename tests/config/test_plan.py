@@ -101,6 +101,13 @@ def test_loader_workers_never_exceed_a_process_cores():
             r"hardware.devices=1 or fewer, or raise hardware.mem_gb to 1$",
         ),
         (["hardware=8gpu"], Machine(gpus=8, bf16=True, tf32=True, cpu_cores=16, memory_gb=3), "needs at least 3.6 GB"),
+        (
+            ["hardware=cpu", "hardware.cpus_per_task=64"],
+            CPU_BOX,
+            r"^hardware.cpus_per_task=64 x 1 process\(es\) asks for 64 CPU cores on a machine with 2; use "
+            r"hardware.cpus_per_task=2 or auto, or hardware.oversubscribe=true",
+        ),
+        (["hardware=cpu", "hardware.devices=2", "hardware.cpus_per_task=2"], CPU_BOX, "asks for 4 CPU cores"),
     ],
 )
 def test_machine_checks(overrides, machine, message):
@@ -114,6 +121,8 @@ def test_machine_checks(overrides, machine, message):
         ["hardware=cpu", "hardware.devices=2", "strategy=ddp"],  # as many processes as cores
         ["hardware=cpu", "hardware.devices=8", "hardware.oversubscribe=true"],  # more, knowingly
         ["hardware=cpu", "hardware.devices=2", "hardware.mem_gb=1"],
+        ["hardware=cpu", "hardware.cpus_per_task=1"],  # fewer cores than the machine has: torch is held to them
+        ["hardware=cpu", "hardware.cpus_per_task=8", "hardware.oversubscribe=true"],
     ],
 )
 def test_what_the_machine_holds_is_accepted(overrides):
@@ -123,6 +132,8 @@ def test_what_the_machine_holds_is_accepted(overrides):
 def test_cores_are_counted_per_cpu_process_only():
     box = Machine(gpus=4, bf16=True, tf32=True, cpu_cores=2, memory_gb=64)  # GPU ranks mostly wait on their GPU
     check_plan(plan_of("hardware=4gpu", machine=box), box)
+    # A GPU profile's cpus_per_task (4gpu: 8 each) is a scheduler's request; torch is held to the cores found.
+    check_plan(plan_of("hardware=4gpu", "hardware.cpus_per_task=64", machine=box), box)
 
 
 def test_a_slurm_task_is_checked_against_its_request(monkeypatch):

@@ -75,3 +75,20 @@ def test_ranks_stop_with_their_launcher_at_any_moment_of_start_up(tiny_data, tmp
             os.killpg(run.pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             run.communicate(timeout=10)
+
+
+def test_a_job_gives_the_next_job_of_a_sweep_the_threads_it_found():
+    """Lightning holds each rank of a DDP job to its share of the cores (torch.set_num_threads); the next job of
+    the sweep, in the same process, gets them all back."""
+    import torch
+
+    from hydralight.training.strategy import job_scope
+
+    found = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        with job_scope():
+            torch.set_num_threads(1)  # as Lightning's launcher does for 2 ranks on 2 cores
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(found)

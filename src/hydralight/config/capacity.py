@@ -21,8 +21,9 @@ PROCESS_FLOOR_GB = 0.45
 
 
 def check_capacity(hw: HardwarePlan, machine: Machine | None, oversubscribe: bool = False) -> None:
-    """Refuse, in one line with the fix, more CPU processes per node than the node has cores (unless
-    `oversubscribe`), and more processes than its memory holds at PROCESS_FLOOR_GB each.
+    """Refuse, in one line with the fix, more CPU processes per node than the node has cores, or CPU processes
+    asking more cores than it has by `hardware.cpus_per_task` (unless `oversubscribe`), and more processes than
+    its memory holds at PROCESS_FLOOR_GB each.
 
     `machine` is the node the processes run on; None for a job whose resources a scheduler allocated
     (a SLURM task sees only its own cores and the node's whole memory): then the request is checked,
@@ -33,6 +34,16 @@ def check_capacity(hw: HardwarePlan, machine: Machine | None, oversubscribe: boo
             f"hardware.devices={processes} starts {processes} processes on a machine with {machine.cpu_cores} "
             f"CPU core(s); use hardware.devices={machine.cpu_cores} or fewer, or hardware.oversubscribe=true "
             "to share the cores anyway"
+        )
+    cores = hw.cpus_per_task * processes
+    # cpus_per_task=auto divides the cores, and falls to 1 only for more processes than cores (checked above).
+    # A GPU profile's cpus_per_task is a scheduler's request; torch's threads are held to the cores there.
+    cpu = hw.accelerator == "cpu" and not oversubscribe
+    if machine is not None and cpu and hw.cpus_per_task > 1 and cores > machine.cpu_cores:
+        raise UserError(
+            f"hardware.cpus_per_task={hw.cpus_per_task} x {processes} process(es) asks for {cores} CPU cores on a "
+            f"machine with {machine.cpu_cores}; use hardware.cpus_per_task={max(1, machine.cpu_cores // processes)} "
+            "or auto, or hardware.oversubscribe=true to share the cores anyway"
         )
     # The tighter of the machine's memory and hardware.mem_gb (which is the machine's when auto); 0: unknown.
     if machine is not None and machine.memory_gb > 0 and (machine.memory_gb <= hw.mem_gb or hw.mem_gb <= 0):

@@ -168,8 +168,14 @@ def plan_line(plan: RunPlan, model: nn.Module) -> str:
     # Layers a module builds in `configure_model` do not exist yet: its size is told once it has them.
     later = params == 0 and isinstance(model, pl.LightningModule) and is_overridden("configure_model", model)
     size = "layers built in configure_model" if later else f"{params / 1e6:.2f}M params"
+    import torch
+
+    threads = torch.get_num_threads()  # in force now (the plan's cpus, or the OMP_NUM_THREADS set before the run)
+    cpus = f"{hw.cpus_per_task} cpu{'s' if hw.cpus_per_task > 1 else ''} each" + (
+        f", torch on {threads} thread{'s' if threads > 1 else ''}" if threads != hw.cpus_per_task else ""
+    )
     return (
-        f"plan: {processes} ({hw.cpus_per_task} cpus each){strategy}, {fw.precision}; "
+        f"plan: {processes} ({cpus}){strategy}, {fw.precision}; "
         f"global batch {task.global_size} ({split}){rate}; "
         f"model {model_name(model)} {size}"
     )

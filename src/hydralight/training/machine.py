@@ -69,8 +69,14 @@ def seed(value: int) -> None:
     pl.seed_everything(value, workers=True, verbose=False)
 
 
-def apply(env: dict[str, str], matmul_precision: str | None) -> None:
-    """Put the plan's process-wide settings in force: environment knobs, matmul precision."""
+def apply(env: dict[str, str], matmul_precision: str | None, cpus: int) -> None:
+    """Put the plan's process-wide settings in force: environment knobs, matmul precision, and torch's threads
+    held to the plan's `cpus` per process (an OMP_NUM_THREADS the user set wins; it also reaches the ranks and
+    loader workers started later, and Lightning's own thread setting reads it)."""
     os.environ.update(env)
+    told = os.environ.get("OMP_NUM_THREADS", "")
+    threads = int(told) if told.isdigit() and int(told) > 0 else min(cpus, torch.get_num_threads())
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     if matmul_precision:
         torch.set_float32_matmul_precision(matmul_precision)

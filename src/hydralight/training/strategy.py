@@ -315,7 +315,9 @@ def job_scope(child_timeout_s: float = 120) -> Iterator[None]:
     A DDP job sets MASTER_PORT, LOCAL_RANK, WORLD_SIZE... in os.environ and opens a process group;
     left in place, the next job would believe it was started by an external launcher and spawn nobody.
     """
-    saved = dict(os.environ)
+    import torch
+
+    saved, threads = dict(os.environ), torch.get_num_threads()
     launcher = os.environ.get(LAUNCHER_PID)
     if launcher is not None and int(launcher) != os.getpid():
         exit_when_gone(int(launcher))  # a rank this job's launcher started
@@ -334,6 +336,7 @@ def job_scope(child_timeout_s: float = 120) -> Iterator[None]:
             dist.destroy_process_group()
         os.environ.clear()
         os.environ.update(saved)
+        torch.set_num_threads(threads)  # a DDP job's ranks share the cores: the next job gets them all back
         while _children:
             child = _children.pop()
             try:
