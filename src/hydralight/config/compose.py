@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydralight.config.folders import user_conf
 from hydralight.config.hydra_internals import hydra_args, sweep_jobs
-from hydralight.config.schema import planned_trainer_key, template_key
+from hydralight.config.schema import override_key, planned_trainer_key, template_key
 from hydralight.errors import UserError
 from hydralight.rundir.launch import check_writable
 
@@ -332,7 +332,7 @@ def compose_jobs(
     for line in shadowed_options(config_dir):
         print(f"note: {line}", file=sys.stderr, flush=True)
     searched = [a for a in invocation.overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
-    _refuse_optuna_plugin_keys(a.lstrip("+").split("=", 1)[0] for a in invocation.override_args)
+    _refuse_optuna_plugin_keys(override_key(a) for a in invocation.override_args)
     mode = RunMode.MULTIRUN if invocation.multirun else RunMode.RUN
     named = {"job_name": job_name} if job_name else {}  # else the compose API's own default
 
@@ -397,7 +397,7 @@ def jobs_to_check(jobs: Sequence[Sequence[str]], groups: frozenset[str] = frozen
     seen: set[str] = set()
     chosen: list[tuple[int, list[str]]] = []
     for number, job in enumerate(jobs):
-        choices = {o for o in job if o.lstrip("+~").split("=", 1)[0] in groups}
+        choices = {o for o in job if override_key(o) in groups}
         if not chosen or not seen.issuperset(choices):
             seen.update(choices)
             chosen.append((number, list(job)))

@@ -37,7 +37,15 @@ from hydralight.config.plan import (
     RunPlan,
     TaskPlan,
 )
-from hydralight.config.schema import LR_SCALING, PLANNED, PRECISIONS, STRATEGIES, ModuleOptions, set_by_plan
+from hydralight.config.schema import (
+    LR_SCALING,
+    PLANNED,
+    PRECISIONS,
+    STRATEGIES,
+    ModuleOptions,
+    override_key,
+    set_by_plan,
+)
 from hydralight.config.trust import SHIPPED_CONF, check_trusted, configured_targets
 from hydralight.errors import UserError
 from hydralight.rundir.launch import external_launcher, is_rank_zero
@@ -452,15 +460,10 @@ def _overridden(job: JobInfo, *keys: str, groups: tuple[str, ...] = ()) -> str |
     """The first command-line override that sets one of `keys` (or a key below one) or picks an option of one
     of `groups`, as given."""
     for item in job.overrides:
-        key = str(_override_key(item))
+        key = override_key(item)
         if key in groups or any(key == k or key.startswith(f"{k}.") for k in keys):
             return item
     return None
-
-
-def _override_key(item: str | None) -> str | None:
-    """The key a command-line override sets (`+model.x=1` -> `model.x`)."""
-    return None if item is None else item.split("=", 1)[0].lstrip("+~")
 
 
 def _plain(node: Any) -> dict[str, Any]:
@@ -511,7 +514,7 @@ def _model(c: DictConfig, task: TaskPlan, job: JobInfo) -> ModelPlan:
         if item is not None and (value != "scheduler" or "scheduler" in offered) and not (value == "lr" and injected):
             explicit[value] = item
     nested = [f"model.{key}._target_" for key, value in spec.items() if isinstance(value, dict) and "_target_" in value]
-    replaced = _override_key(_overridden(job, "model._target_", *nested))
+    replaced = override_key(_overridden(job, "model._target_", *nested) or "") or None
     if replaced == "model._target_":
         spec = _without_the_replaced_options_arguments(spec, job, "model")
     return ModelPlan(
@@ -608,7 +611,7 @@ def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo, 
     left out; those given on the command line stay, and are checked against its constructor."""
     from hydralight.config.binding import accepted_arguments, import_target
 
-    keys = [str(_override_key(item)) for item in job.overrides]
+    keys = [override_key(item) for item in job.overrides]
     given = {key.split(".")[1] for key in keys if key.startswith(f"{group}.")}
     names, takes_any = accepted_arguments(import_target(str(spec["_target_"]), f"{group}._target_"))
     if takes_any:
@@ -633,7 +636,7 @@ def _data(c: DictConfig, task: TaskPlan, job: JobInfo) -> DataPlan:
                 f"{item} is set on the command line, but the plan gives the data module its {name} (the same "
                 f"training on any hardware); set {owner} instead"
             )
-    if _override_key(_overridden(job, "data._target_")) == "data._target_":
+    if override_key(_overridden(job, "data._target_") or "") == "data._target_":
         spec = _without_the_replaced_options_arguments(spec, job, "data")
     offered = {
         "global_size": task.global_size,
@@ -768,7 +771,7 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
     now, then = OmegaConf.create(config), OmegaConf.create(saved)
     differ = []
     for item in job.overrides:
-        key = item.split("=", 1)[0].lstrip("+~")
+        key = override_key(item)
         if key == "resume" or key.startswith("hydra") or key in EXTENDABLE:
             continue
         plain = lambda v: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v  # noqa: E731
@@ -797,7 +800,7 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
             "drop those overrides to continue that run, or start a new one"
         )
     # A longer budget given on the command line extends the run; the saved one stands otherwise.
-    given = {_override_key(item) for item in job.overrides}
+    given = {override_key(item) for item in job.overrides}
     for key in EXTENDABLE:
         if key in given:
             OmegaConf.update(then, key, OmegaConf.select(now, key), force_add=True)
@@ -833,7 +836,7 @@ def chosen_by(run: RunDir, group: str) -> str | None:
         overrides = read_yaml_record(run.overrides, "its record", kind=list)
     except UserError:
         return None
-    given = [str(item).split("=", 1)[-1] for item in overrides if _override_key(str(item)) == group]
+    given = [str(item).split("=", 1)[-1] for item in overrides if override_key(str(item)) == group]
     return given[-1] if given else None
 
 

@@ -16,6 +16,11 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 
+def override_key(override: str) -> str:
+    """The key a command-line override sets: `+model.x=1` -> `model.x`, `~data` -> `data`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 class Choice(str, Enum):
     """A closed set of string values; prints as the bare value."""
 
@@ -286,7 +291,7 @@ def explain(err: BaseException, overrides: list[str]) -> str:
     text = " ".join(str(c) for c in causes)
     key_match = re.search(r"full_key: (\S+)", text)
     key = key_match.group(1) if key_match else None
-    given = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if "=" in o}
+    given = {override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
     where = f"{key}={given[key]}" if key in given else key
     if m := re.search(r"Invalid value '(.*?)', expected one of \[(.*?)\]", text):
         return f"{key}={m.group(1)} is not allowed; use one of {m.group(2)}"

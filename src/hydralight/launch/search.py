@@ -34,6 +34,7 @@ from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Overrid
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf
 
+from hydralight.config.schema import override_key
 from hydralight.errors import UserError, exit_on_user_error, require
 from hydralight.rundir.layout import SweepDir
 from hydralight.rundir.outcome import read_job
@@ -152,15 +153,11 @@ def reproduce_command(overrides: list[str], seeds: list[int] | None = None) -> s
     sweep over them (which hydralight.report reports as one row)."""
     from hydralight.config.compose import SEARCH_GROUP
 
-    kept = [o for o in overrides if _key(o) != SEARCH_GROUP]
+    kept = [o for o in overrides if override_key(o) != SEARCH_GROUP]
     if not seeds or len(seeds) == 1:
         return " ".join(["python train.py", *(shlex.quote(o) for o in kept)])
-    kept = [o for o in kept if _key(o) != "seed"] + ["seed=" + ",".join(map(str, seeds))]
+    kept = [o for o in kept if override_key(o) != "seed"] + ["seed=" + ",".join(map(str, seeds))]
     return " ".join(["python train.py", "-m", *(shlex.quote(o) for o in kept)])
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 class OptunaSearch(Sweeper):
@@ -407,7 +404,7 @@ class OptunaSearch(Sweeper):
         seeds = trial.user_attrs.get("seeds")
         if not seeds:
             return [overrides]
-        return [[*(o for o in overrides if _key(o) != "seed"), f"seed={seed}"] for seed in seeds]
+        return [[*(o for o in overrides if override_key(o) != "seed"), f"seed={seed}"] for seed in seeds]
 
     def _check_same_space(self, study: Any, space: dict[str, Dimension]) -> None:
         """A continued study keeps each parameter's kind and choices (Optuna refuses them changed mid-study)."""

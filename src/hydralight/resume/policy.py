@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import re
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from pytorch_lightning.utilities.model_helpers import is_overridden
 from hydralight.config.declaration import ModuleDeclaration
 from hydralight.config.plan import ModelPlan, RunPlan
 from hydralight.config.resolve import chosen_by
+from hydralight.config.schema import override_key
 from hydralight.config.trust import check_trusted, configured_targets
 from hydralight.errors import UserError
 from hydralight.resume.state import RECORD, ResumeState, new_run_from, plain_hparams, plain_value
@@ -178,10 +178,7 @@ class Resume:
             return
         path = Path(str(self.decision.ckpt_path))
         then, now = record_of(self._tested()).get("data"), self.plan.data.spec
-        named = any(
-            re.sub(r"^[+~]*", "", o).split("=", 1)[0].split(".")[0] in ("data", "experiment")
-            for o in self.plan.paths.overrides
-        )
+        named = any(override_key(o).split(".")[0] in ("data", "experiment") for o in self.plan.paths.overrides)
         if then is None or named or then.get("_target_") == now.get("_target_"):
             return
         option = chosen_by(RunDir.at(path.parent.parent), "data") if path.parent.name == "checkpoints" else None
@@ -347,7 +344,7 @@ def _asked_otherwise(
     names), `model.<key>=` for that key. How it runs (the module's `how_it_runs`) is this run's choice and asks for nothing."""
     asked = []
     for override in reversed(overrides):  # the last one of a key is the one that stands
-        key = re.sub(r"^[+~]*", "", override).split("=", 1)[0]
+        key = override_key(override)
         if key in ("model", "experiment"):  # an experiment preset picks its model too
             keys = ["_target_", *(f"{k}._target_" for k in sorted(_nested_targets(then) | _nested_targets(now)))]
         elif key.startswith("model.") and key.split(".")[1] not in how_it_runs:
