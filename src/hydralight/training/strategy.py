@@ -220,6 +220,11 @@ def shard_module(module: nn.Module, names: list[str], mesh: Any, mixed_precision
         return
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else None
     options: dict[str, Any] = {"mesh": mesh, **({"mp_policy": policy} if policy is not None else {})}
+    # FSDP flattens parameters in their storage order: weights kept channels_last (a module's memory-format
+    # choice) are refused by fully_shard; the same values in the default layout shard.
+    for parameter in module.parameters():
+        if not parameter.is_contiguous():
+            parameter.data = parameter.data.contiguous()
     for unit in shard_units(module, names):
         fully_shard(unit, **options)
     fully_shard(module, **options)
