@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hydralight.errors import UserError, exit_on_user_error
 from hydralight.launch.sealed import Sealed, SealedJob, share_secrets
 from hydralight.rundir.layout import RunDir
-from hydralight.rundir.outcome import record_submitted
+from hydralight.rundir.outcome import REFUSED_HERE, record_submitted
 from hydralight.rundir.record import discard_refused_sweep, now, read_json, write_json
 from hydralight.rundir.redaction import redact, redact_sweep_record, secret_values
 
@@ -42,6 +42,8 @@ RESOURCE_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "m
 # How often a waiting sweep looks at its jobs, and says where they stand when none changed state.
 POLL_S = 2.0
 HEARTBEAT_S = 30.0
+# The attribute of a job's result (a JobReturn) that carries why the job was refused, back to the sweep.
+REFUSED_ATTR = "hydralight_refused"
 
 
 @dataclass
@@ -316,6 +318,11 @@ class PlannedLauncherMixin:
             job_dir_key=job_dir_key,
             job_subdir_key="hydra.sweep.subdir",
         )
+        # A job refused here keeps its dir's earlier results, whose manifest says finished: the reason travels
+        # back with its result, for the sweep's summary to count it refused, not done.
+        refusal = REFUSED_HERE.get(Path(str(sweep_config.hydra.runtime.output_dir)).name)
+        if refusal is not None:
+            setattr(returned, REFUSED_ATTR, refusal)  # noqa: B010  # JobReturn has no field of its own for it
         # A job refused or crashed ends its process with an error, so the scheduler's accounting (sacct, mail on
         # failure) says FAILED; its manifest says why.
         manifest = read_json(RunDir(Path(str(sweep_config.hydra.runtime.output_dir))).manifest) or {}
@@ -489,6 +496,8 @@ class PlannedLauncherMixin:
                             # crashed (its process went on to the end) says so in its manifest.
                             failed = (read_json(RunDir(job_dir).manifest) or {}).get("status") == "failed"
                             state = "FAILED" if failed else "COMPLETED"
+                            if (refusal := getattr(results[i], REFUSED_ATTR, None)) is not None:
+                                REFUSED_HERE[job_dir.name], state = refusal, "REFUSED"
                         except Exception as err:  # killed, cancelled, out of time, crashed: the others still count
                             state = str(job.state)
                             if (read_json(RunDir(job_dir).manifest) or {}).get("status") == "failed":
@@ -501,7 +510,9 @@ class PlannedLauncherMixin:
                         finally:
                             self._forget_pickles(job)
                         pending.discard(i)
-                    if state != "UNKNOWN" and board.update(i, str(job.job_id), state, *job_progress(job_dir, metric)):
+                    # A refused job's dir holds an earlier run's progress, not its own.
+                    progress = job_progress(job_dir, metric) if state != "REFUSED" else (None, None)
+                    if state != "UNKNOWN" and board.update(i, str(job.job_id), state, *progress):
                         last_said = time.monotonic()  # UNKNOWN: the scheduler has not said yet
                 if pending and board.live is None and time.monotonic() - last_said >= HEARTBEAT_S:
                     running = ", ".join(
