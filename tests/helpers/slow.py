@@ -1,5 +1,6 @@
 """A callback that slows training down, so a test can interrupt a job in the middle."""
 
+import os
 import time
 
 import pytorch_lightning as pl
@@ -11,3 +12,15 @@ class SlowSteps(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args) -> None:
         time.sleep(self.seconds)
+
+
+class SlowStart(pl.Callback):
+    """Holds the first attempt of a run between building and training (`marker` written as it waits)."""
+
+    def __init__(self, marker: str, seconds: float = 20.0) -> None:
+        self.marker, self.seconds = marker, seconds
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            time.sleep(self.seconds)

@@ -262,6 +262,23 @@ def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
     assert losses(run) == pytest.approx(losses(plain), rel=1e-5)
 
 
+def test_a_job_warned_before_it_trains_is_requeued_and_runs_again(cluster, tiny_data, tmp_path):
+    """The warning signal while the job still builds (before the run's own handler): submitit requeues the job
+    with the arguments it was started with, and the second attempt trains and tests (it used to fail on a
+    config the first attempt had left read-only)."""
+    marker = tmp_path / "building"
+    hold = ["+callbacks.hold._target_=slow.SlowStart", f"+callbacks.hold.marker={marker}"]
+    proc = sweep([*TINY, "seed=4", *hold], tmp_path / "sweep", tiny_data, wait=False)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "job never started"
+        time.sleep(0.5)
+    job_id = next(p.name for p in (tmp_path / "sweep" / ".submitit").iterdir() if re.fullmatch(r"\d+(_\d+)?", p.name))
+    output = requeue_and_finish(job_id, proc)
+    assert "1 of 1 jobs done" in output, output[-3000:]
+    assert run_steps(tmp_path / "sweep" / "0") == 4
+
+
 def test_a_sweep_dir_with_shell_syntax_in_its_name_reaches_sbatch_as_a_name(cluster, tiny_data, tmp_path):
     """`$(...)` and backquotes in the sweep dir are written into the sbatch script and run by SLURM's shell:
     they stay quoted there, so the job runs in the folder of that very name and no command runs."""

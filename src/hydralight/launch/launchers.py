@@ -10,6 +10,7 @@ What the stock launcher lacks, and this adds:
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import re
@@ -26,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides, run_job, setup_globals
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, LocalQueueConf, SlurmQueueConf
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from hydralight.errors import UserError, exit_on_user_error
 from hydralight.launch.sealed import Sealed, SealedJob, share_secrets
@@ -307,8 +308,10 @@ class PlannedLauncherMixin:
         setup_globals()
         if sweep_config is None:
             sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, sweep_overrides)
+        else:  # a copy: run_job leaves the config read-only, and a requeued job is resubmitted with these arguments
+            sweep_config = copy.deepcopy(sweep_config)
         # Ranks other than 0 write no Hydra record or log into the job dir (conf/hydra's resolvers say so).
-        with open_dict(sweep_config.hydra):
+        with read_write(sweep_config.hydra), open_dict(sweep_config.hydra):
             sweep_config.hydra.job.id = submitit.JobEnvironment().job_id
             sweep_config.hydra.job.num = job_num
         returned = run_job(
