@@ -24,3 +24,15 @@ class SlowStart(pl.Callback):
         if not os.path.exists(self.marker):
             open(self.marker, "w").close()
             time.sleep(self.seconds)
+
+
+class SlowTest(pl.Callback):
+    """Holds the first attempt of a run in its test (`marker` written as it waits)."""
+
+    def __init__(self, marker: str, seconds: float = 20.0) -> None:
+        self.marker, self.seconds = marker, seconds
+
+    def on_test_batch_end(self, trainer: pl.Trainer, *args) -> None:
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            time.sleep(self.seconds)

@@ -203,10 +203,10 @@ def test_a_sweep_refused_part_way_cancels_what_it_submitted_before(cluster, tiny
     assert not (sweep_dir / "0" / "results.json").exists()
 
 
-def requeue_and_finish(job_id: str, proc: subprocess.Popen) -> str:
+def requeue_and_finish(job_id: str, proc: subprocess.Popen, signal_name: str = "USR2") -> str:
     """Send the time-limit warning signal, wait until the job is requeued, let it start again at once (SLURM
     holds a requeued job ~2 minutes), and check the sweep and the job end well after one restart."""
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    subprocess.run(["scancel", f"--signal={signal_name}", job_id], check=True)
     deadline = time.monotonic() + 120
     while "PENDING" not in subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
                                           text=True).stdout:  # fmt: skip
@@ -262,21 +262,31 @@ def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
     assert losses(run) == pytest.approx(losses(plain), rel=1e-5)
 
 
-def test_a_job_warned_before_it_trains_is_requeued_and_runs_again(cluster, tiny_data, tmp_path):
-    """The warning signal while the job still builds (before the run's own handler): submitit requeues the job
-    with the arguments it was started with, and the second attempt trains and tests (it used to fail on a
-    config the first attempt had left read-only)."""
-    marker = tmp_path / "building"
-    hold = ["+callbacks.hold._target_=slow.SlowStart", f"+callbacks.hold.marker={marker}"]
+# Before training only submitit's handler is installed, for its own signal (USR2).
+@pytest.mark.parametrize("hold,signal_name", [("SlowStart", "USR2"), ("SlowTest", "USR2"), ("SlowTest", "USR1")])
+def test_a_job_warned_before_or_after_it_trains_is_requeued_and_runs_again(
+    hold, signal_name, cluster, tiny_data, tmp_path
+):
+    """The warning signal (submitit's USR2, or Lightning's USR1) while the job still builds, or in its test after
+    training: the job is requeued and its second attempt finishes the run (the first failed on a config the first
+    attempt had left read-only; a USR1 in the test killed the job unsaved)."""
+    marker = tmp_path / "held"
+    hold = [f"+callbacks.hold._target_=slow.{hold}", f"+callbacks.hold.marker={marker}"]
+    plain = run_cli([*TINY, "seed=4"], tmp_path / "plain", tiny_data)
+    assert plain.returncode == 0, plain.stderr[-2000:]
     proc = sweep([*TINY, "seed=4", *hold], tmp_path / "sweep", tiny_data, wait=False)
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert time.monotonic() < deadline and proc.poll() is None, "job never started"
         time.sleep(0.5)
     job_id = next(p.name for p in (tmp_path / "sweep" / ".submitit").iterdir() if re.fullmatch(r"\d+(_\d+)?", p.name))
-    output = requeue_and_finish(job_id, proc)
+    output = requeue_and_finish(job_id, proc, signal_name)
     assert "1 of 1 jobs done" in output, output[-3000:]
-    assert run_steps(tmp_path / "sweep" / "0") == 4
+    run = tmp_path / "sweep" / "0"
+    assert run_steps(run) == run_steps(tmp_path / "plain") == 4
+    results = lambda r: json.loads((r / "results.json").read_text())["metrics"]  # noqa: E731
+    assert results(run) == results(tmp_path / "plain")
+    assert [sorted(r.items()) for r in csv_rows(run)] == [sorted(r.items()) for r in csv_rows(tmp_path / "plain")]
 
 
 def test_a_sweep_dir_with_shell_syntax_in_its_name_reaches_sbatch_as_a_name(cluster, tiny_data, tmp_path):

@@ -53,6 +53,7 @@ class Preemption(Callback):
         self._sigints = 0
         self._held: signal.Signals | None = None  # a stop signal received and not acted on yet
         self._stopped_by = signal.SIGTERM  # the stop signal this rank received: its exit code is 128 + it
+        self._zero = True  # this process is the run's rank 0 (set as a stage starts)
 
     # Signal side: record only.
     def _handler(self, signum: int, frame: FrameType | None) -> None:
@@ -71,6 +72,21 @@ class Preemption(Callback):
         for signum in (signal.SIGTERM, signal.SIGINT, *sorted(self.requeue_signals)):
             self._previous[signum] = signal.signal(signum, self._handler)
         agreement(trainer).register("signal", lambda: self.requested)  # the strongest request over ranks
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The test after training: the warning signal (a time limit, a preemption) requeues the job at once, and
+        # the job's next attempt tests again from the checkpoint training ended with. Only the warning: a stop
+        # signal ends the test as the process's own handlers end it, and the same command tests again.
+        self._zero = trainer.is_global_zero
+        for signum in sorted(self.requeue_signals):
+            self._previous.setdefault(signum, signal.signal(signum, self._requeue_now))
+
+    def _requeue_now(self, signum: int, frame: FrameType | None) -> None:
+        requeued = self._zero and self._requeue()
+        if self._zero:
+            what = "requeued: its next attempt tests again" if requeued else "stopped: the same command tests again"
+            log.warning(f"received {signal.Signals(signum).name} during the test; run {what}")
+        raise Interrupted(0 if requeued or not self._zero else 128 + signum)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for signum, handler in self._previous.items():
