@@ -346,6 +346,11 @@ def test_training_batch_counts_are_optimizer_steps_whatever_the_accumulation():
     assert accumulated.task.accumulation == 4
     assert accumulated.trainer["val_check_interval"] == 20 and accumulated.trainer["limit_train_batches"] == 28
     assert plan_of("batch.max_per_device=32", "trainer.val_check_interval=0.5").trainer["val_check_interval"] == 0.5
+    # A fraction of the epoch is one of micro-batches to Lightning: the last step would take part of a batch.
+    with pytest.raises(UserError, match=r"^trainer.limit_train_batches=0.25 is a fraction of micro-batches, and "
+                                        r"this plan accumulates 4 of them a step; give a whole number"):  # fmt: skip
+        plan_of("batch.max_per_device=32", "trainer.limit_train_batches=0.25")
+    assert plan_of("trainer.limit_train_batches=0.25").trainer["limit_train_batches"] == 0.25
 
 
 def test_evaluation_limits_count_the_batches_of_one_process(capsys):
