@@ -174,3 +174,22 @@ def test_plan_true_refuses_what_the_run_would(tmp_path):
                       cwd=tmp_path, PYTHONPATH=str(tmp_path))  # fmt: skip
     assert planned.returncode == 2 and "model.width=abc is not an integer" in planned.stderr, planned.stderr[-2000:]
     assert not sweep.exists() or not any(sweep.rglob("*.json"))
+
+
+def test_an_interpolation_that_cannot_resolve_is_one_line_with_nothing_written(tmp_path):
+    """An environment variable not set or a key not there in an interpolation of a user's option: one line naming
+    it, exit 2, for a run, plan=true and a sweep, before any folder is made (it was a traceback and a run dir)."""
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "data" / "env.yaml").write_text(
+        "defaults:\n  - mnist\n  - _self_\ndata_dir: ${oc.env:HYDRALIGHT_TEST_NOT_SET}\n"
+    )
+    said = "data.data_dir=${oc.env:HYDRALIGHT_TEST_NOT_SET} reads the environment variable HYDRALIGHT_TEST_NOT_SET"
+    for flag, extra in (([], []), ([], ["plan=true"]), (["-m"], ["seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}"])):
+        line = one_line(run_cli([*flag, "data=env", *extra], tmp_path / "run", cwd=tmp_path))
+        assert line.startswith(f"error: {said}, which is not set; set it, or give data.data_dir a value"), line
+    line = one_line(run_cli(["trainer.max_steps=${paths.nope}"], tmp_path / "run", cwd=tmp_path))
+    assert line == "error: trainer.max_steps=${paths.nope} names paths.nope, which is not in the config; fix the name"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]
+    # Hydra's own keys resolve where Hydra runs no job: printed, not a traceback.
+    printed = run_cli(["--cfg", "job", "--resolve"], tmp_path / "run", cwd=tmp_path)
+    assert printed.returncode == 0 and "output_dir: null" in printed.stdout, printed.stderr[-2000:]

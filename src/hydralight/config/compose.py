@@ -559,6 +559,48 @@ def check_composed(cfg: DictConfig) -> None:
             planned_trainer_key(unknown)
             or f"{unknown} is not a config key; check the spelling (`--cfg job` prints the config)"
         )
+    if unresolved := _unresolvable(cfg):
+        raise UserError(unresolved)
+
+
+def _unresolvable(cfg: DictConfig) -> str | None:
+    """The first interpolation of the config that names an environment variable not set or a key that is not
+    there, said with its fix; the others (Hydra's `${hydra:...}` before Hydra runs the job) are left to resolve
+    where they are read."""
+    from omegaconf import ListConfig
+    from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
+
+    def walk(node: DictConfig | ListConfig, path: str) -> str | None:
+        raw = OmegaConf.to_container(node, resolve=False)
+        keys = range(len(node)) if isinstance(node, ListConfig) else [k for k in node if k != "hydra" or path]
+        for key in keys:
+            where = f"{path}[{key}]" if isinstance(node, ListConfig) else f"{path}{'.' if path else ''}{key}"
+            if OmegaConf.is_missing(node, key):
+                continue
+            if not OmegaConf.is_interpolation(node, key):
+                child = node[key]
+                if isinstance(child, DictConfig | ListConfig) and (found := walk(child, where)):
+                    return found
+                continue
+            written = raw[key]  # type: ignore[index]
+            try:
+                node[key]
+            except InterpolationKeyError as err:
+                return f"{where}={written} names {_missing_key(str(err))}, which is not in the config; fix the name"
+            except InterpolationResolutionError as err:
+                if variable := re.search(r"Environment variable '([^']+)' not found", str(err)):
+                    return (
+                        f"{where}={written} reads the environment variable {variable[1]}, which is not set; set "
+                        f"it, or give {where} a value"
+                    )
+        return None
+
+    return walk(cfg, "")
+
+
+def _missing_key(message: str) -> str:
+    found = re.search(r"Interpolation key '([^']+)' not found", message)
+    return found[1] if found else "a key"
 
 
 def _deleted_from_the_schema(cfg: DictConfig) -> tuple[str, bool] | None:

@@ -200,9 +200,10 @@ class TrainerConf:
 @dataclass
 class PathsConf:
     root_dir: str = "."
-    output_dir: str = "."
+    # None where Hydra runs no job (`--cfg job --resolve`): its ${hydra:runtime.output_dir} is not set there.
+    output_dir: str | None = "."
     data_dir: str = "data"
-    log_dir: str = "."
+    log_dir: str | None = "."
     work_dir: str = "."
 
 
