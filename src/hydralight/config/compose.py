@@ -570,9 +570,11 @@ def _unresolvable(cfg: DictConfig) -> str | None:
     from omegaconf import ListConfig
     from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 
-    def walk(node: DictConfig | ListConfig, path: str) -> str | None:
-        raw = OmegaConf.to_container(node, resolve=False)
-        keys = range(len(node)) if isinstance(node, ListConfig) else [k for k in node if k != "hydra" or path]
+    def walk(node: Any, path: str) -> str | None:  # a DictConfig or a ListConfig
+        raw: Any = OmegaConf.to_container(node, resolve=False)
+        keys: list[int | str] = (
+            list(range(len(node))) if isinstance(node, ListConfig) else [str(k) for k in node if k != "hydra" or path]
+        )
         for key in keys:
             where = f"{path}[{key}]" if isinstance(node, ListConfig) else f"{path}{'.' if path else ''}{key}"
             if OmegaConf.is_missing(node, key):
@@ -582,7 +584,7 @@ def _unresolvable(cfg: DictConfig) -> str | None:
                 if isinstance(child, DictConfig | ListConfig) and (found := walk(child, where)):
                     return found
                 continue
-            written = raw[key]  # type: ignore[index]
+            written = raw[key]
             try:
                 node[key]
             except InterpolationKeyError as err:
