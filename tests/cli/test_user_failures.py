@@ -93,6 +93,13 @@ class Crashes(BoringModel):
         return super().training_step(batch, batch_idx)
 
 
+class CrashesOnRank0(Crashes):
+    def training_step(self, batch, batch_idx):
+        if self.crash and self.global_rank == 0 and batch_idx == 2:
+            raise ZeroDivisionError("the module's own bug, on rank 0")
+        return BoringModel.training_step(self, batch, batch_idx)
+
+
 class CrashesOnRank1(Crashes):
     def training_step(self, batch, batch_idx):
         if self.crash and self.global_rank == 1 and batch_idx == 2:
@@ -146,6 +153,27 @@ def test_a_ddp_job_whose_other_rank_crashes_ends_alone_and_the_sweep_goes_on(tmp
     assert failed["status"] == "failed" and failed["error"].startswith("RankFailed: rank 1 on this node failed first")
     assert "the module's own bug, on rank 1" in done.stderr  # its traceback, which the reason points at
     assert json.loads((sweep / "1" / "manifest.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_ddp_job_whose_first_rank_crashes_stops_the_others_at_once(tmp_path):
+    """Rank 1 waits for rank 0 in a collective: the job stops it as soon as rank 0 fails, instead of waiting
+    out the 120 s it gives ranks that end by themselves (a sweep's next job waited that long)."""
+    import sys
+    import time
+
+    (tmp_path / "crashes.py").write_text(CRASHES)
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "hardware=cpu", "hardware.devices=2", "strategy=ddp",
+               "model._target_=crashes.CrashesOnRank0", "+model.crash=true,false", "data._target_=crashes.Data",
+               "batch.global_size=4", "trainer.max_steps=8", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    started = time.monotonic()
+    done = run_python(command, {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    took = time.monotonic() - started
+    assert done.returncode == 1 and "1 of 2 jobs done" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
+    failed = json.loads((sweep / "0" / "manifest.json").read_text())
+    assert failed["status"] == "failed" and "the module's own bug, on rank 0" in failed["error"]
+    assert took < 100, f"the sweep took {took:.0f} s: the failed job's other rank was waited for"
 
 
 @pytest.mark.slow

@@ -330,8 +330,12 @@ def job_scope(child_timeout_s: float = 120) -> Iterator[None]:
     else:
         os.environ[LAUNCHER_PID] = str(os.getpid())
         restore_signals = _forward_stop_signals()
+    failed = False
     try:
         yield
+    except Exception:
+        failed = True  # the others may wait for it in a collective until their timeout: they are stopped now
+        raise
     finally:
         import torch.distributed as dist
 
@@ -342,6 +346,8 @@ def job_scope(child_timeout_s: float = 120) -> Iterator[None]:
         os.environ.clear()
         os.environ.update(saved)
         torch.set_num_threads(threads)  # a DDP job's ranks share the cores: the next job gets them all back
+        if failed:
+            stop_children(signal.SIGTERM, STOP_GRACE_S)
         while _children:
             child = _children.pop()
             try:
