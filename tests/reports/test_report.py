@@ -637,7 +637,7 @@ def test_a_report_never_replaces_a_file_it_did_not_write_nor_writes_through_a_li
     refused("curves.png is a link; a report writes only files of its own")
     (sweep / "curves.png").unlink()
     (sweep / "report.md").write_text("# my own notes\n")
-    refused("report.md was not written by a report")
+    refused("report.md is not known as this report's own")
     (sweep / "report.md").unlink()
     # Its own files it replaces, run after run; one the user edited since, it does not.
     write_report(sweep)
@@ -645,4 +645,10 @@ def test_a_report_never_replaces_a_file_it_did_not_write_nor_writes_through_a_li
     assert {p.name for p in again["files"]} <= {p.name for p in sweep.iterdir()}
     with (sweep / "report.csv").open("a") as f:
         f.write("my,row\n")
-    refused("report.csv was not written by a report")
+    refused("report.csv is not known as this report's own")
+    # A report without the record of its files (a version that kept none), then edited: nothing proves it the
+    # report's own, so it stays as it is.
+    (sweep / "report.csv").unlink()
+    (sweep / ".hydralight-report.json").unlink()
+    (sweep / "report.md").write_text((sweep / "report.md").read_text() + "my notes\n")
+    refused(r"(curves|heatmap).png is not known as this report's own \(no record of it")

@@ -17,8 +17,6 @@ from hydralight.errors import UserError
 from hydralight.rundir.layout import REPORT_RECORD
 
 MARK = REPORT_RECORD
-# What an earlier version's report wrote, without a record of it: taken as the report's when report.md is one.
-_EARLIER = ("report.md", "report.csv", "report_jobs.csv", "heatmap.png", "curves.png", "scaling.png")
 
 
 def _digest(path: Path) -> str:
@@ -37,12 +35,6 @@ def _written(out_dir: Path) -> dict[str, str]:
     return {}
 
 
-def _earlier_report(out_dir: Path) -> bool:
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        return (out_dir / "report.md").read_text()[:200].startswith("# Sweep report:")
-    return False
-
-
 @contextlib.contextmanager
 def staged(out_dir: Path) -> Iterator[Path]:
     """A folder to write the report into; on leaving, its files replace those of `out_dir` (see the module)."""
@@ -57,7 +49,6 @@ def staged(out_dir: Path) -> Iterator[Path]:
 
 def _place(stage: Path, out_dir: Path) -> None:
     written = _written(out_dir)
-    earlier = not written and _earlier_report(out_dir)
     names = sorted(p.name for p in stage.iterdir())
     for name in [*names, MARK]:
         target = out_dir / name
@@ -66,11 +57,13 @@ def _place(stage: Path, out_dir: Path) -> None:
                 f"{target} is a link; a report writes only files of its own, never through a link, and wrote "
                 "nothing: remove the link, or give --out another folder"
             )
-        ours = name == MARK or (name in written and _digest(target) == written[name]) or (earlier and name in _EARLIER)
+        # A file without a record of its hash (one of the user's, or a report of a version that kept none and
+        # may have been edited since) is not known to be the report's own.
+        ours = name == MARK or (name in written and _digest(target) == written[name])
         if target.exists() and not ours:
             raise UserError(
-                f"{target} was not written by a report (or was changed since), and the report would replace it; "
-                "nothing was written: move it away, or give --out another folder"
+                f"{target} is not known as this report's own (no record of it, or changed since), and the report "
+                "would replace it; nothing was written: move it away, or give --out another folder"
             )
     for name in names:
         os.replace(stage / name, out_dir / name)
