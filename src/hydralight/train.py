@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -343,7 +344,11 @@ def cli() -> None:
     from dotenv import load_dotenv
 
     load_dotenv(Path.cwd() / ".env", override=False)
-    exit_on_user_error(_start)(Invocation(tuple(sys.argv[1:])))
+    try:
+        exit_on_user_error(_start)(Invocation(tuple(sys.argv[1:])))
+    except KeyboardInterrupt:  # Ctrl-C before training took the signal (importing, composing, building)
+        print("interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
 
 
 def _start(invocation: Invocation) -> None:

@@ -9,8 +9,10 @@ import pytorch_lightning as pl
 class SignalAt(pl.Callback):
     """`rank`: only that rank's process gets the signal (None: every process that runs this callback)."""
 
-    def __init__(self, step: int, signum: str = "SIGTERM", rank: int | None = None, during: str = "train") -> None:
-        self.step, self.signum, self.rank = step, signal.Signals[signum], rank
+    def __init__(
+        self, step: int, signum: str = "SIGTERM", rank: int | None = None, during: str = "train", times: int = 1
+    ) -> None:
+        self.step, self.signum, self.rank, self.times = step, signal.Signals[signum], rank, times
         # "train": after the step; "validation": in the validation that follows it; "train_end": as training ends
         self.during = during
         self.sent = False
@@ -18,7 +20,8 @@ class SignalAt(pl.Callback):
     def _send(self, trainer: pl.Trainer) -> None:
         if trainer.global_step == self.step and not self.sent and self.rank in (None, trainer.global_rank):
             self.sent = True
-            os.kill(os.getpid(), self.signum)
+            for _ in range(self.times):  # twice: a second Ctrl-C before the first is acted on
+                os.kill(os.getpid(), self.signum)
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
         if self.during == "train":

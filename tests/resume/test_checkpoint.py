@@ -1,12 +1,15 @@
 """Where a run continues from, and what a continued run may change: the rules of `checkpoint.py`, through the CLI."""
 
 import json
+import os
 import signal
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import HELPERS, TINY, csv_rows, one_line, run_cli
+from conftest import HELPERS, ROOT, TINY, csv_rows, one_line, popen, run_cli
 
 # Tiny MNIST: 500 training samples, global batch 32 -> 15 optimizer steps an epoch.
 BASE = [*TINY, "trainer.limit_train_batches=null", "seed=5"]
@@ -66,6 +69,24 @@ def test_a_run_started_from_another_run_s_checkpoint_continues_from_its_own(tiny
     assert results(cut)["global_step"] == results(plain)["global_step"] == 45
     a, b = last(plain)["state_dict"], last(cut)["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_without_a_traceback_at_any_moment(tiny_data, tmp_path):
+    """Twice in training (the second before the first is acted on: at once, not Lightning's exit code 1), and
+    while the run still imports and composes (a real interpreter, not a fork of the suite's warm one)."""
+    twice = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=3",
+             "+callbacks.zz_signal.signum=SIGINT", "+callbacks.zz_signal.times=2"]  # fmt: skip
+    stopped = run_cli([*BASE, *twice], tmp_path / "twice", tiny_data, PYTHONPATH=str(HELPERS))
+    assert stopped.returncode == 130 and "Traceback" not in stopped.stderr, stopped.stderr[-2000:]
+    assert json.loads((tmp_path / "twice" / "manifest.json").read_text())["status"] == "interrupted"
+    env = {**os.environ, "DATA_DIR": str(tiny_data), "HYDRALIGHT_TESTS_FRESH": "1"}
+    for after_s in (0.2, 1.5, 3.0):
+        run = popen([sys.executable, str(ROOT / "train.py"), *BASE, f"hydra.run.dir={tmp_path / str(after_s)}"], env)
+        time.sleep(after_s)
+        run.send_signal(signal.SIGINT)
+        output = run.communicate(timeout=120)[0]
+        assert run.returncode == 130 and "Traceback" not in output, (after_s, output[-3000:])
 
 
 @pytest.mark.parametrize(

@@ -59,8 +59,8 @@ class Preemption(Callback):
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT:
             self._sigints += 1
-            if self._sigints > 1:  # a second Ctrl-C means now
-                raise KeyboardInterrupt
+            if self._sigints > 1:  # a second Ctrl-C means now (a KeyboardInterrupt, Lightning would end with 1)
+                raise SystemExit(128 + signal.SIGINT)
         if signum not in self.requeue_signals:
             self._held = self._stopped_by = signal.Signals(signum)
         wanted = REQUEUE if signum in self.requeue_signals else STOP
