@@ -187,6 +187,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_says_how_much_is_needed(t
     path = run / "checkpoints" / "last.ckpt"
     before = path.read_bytes()
     history = (run / "csv" / "metrics.csv").read_bytes()
+    ended = (run / "fit_end.json").read_bytes()
     # Leave less room than one more checkpoint needs; with two pages, too little to put the record back by
     # copies (it is put back in place).
     free = shutil.disk_usage(small_disk).free
@@ -196,8 +197,10 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_says_how_much_is_needed(t
     assert path.read_bytes() == before
     assert torch.load(path, weights_only=True)["global_step"] == 15
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.endswith(".tmp")]
-    # The rows of the steps that were lost go; those of the saved run stay (each step once on the rerun).
-    assert (run / "csv" / "metrics.csv").read_bytes().startswith(history[: history.rindex(b"\n15,")])
+    # The finished run's history and what its training ended with stay as they were: its test row too, which
+    # results.json reports (the attempt's rows of steps it could not save go).
+    assert (run / "csv" / "metrics.csv").read_bytes() == history
+    assert (run / "fit_end.json").read_bytes() == ended
 
 
 def test_the_final_validation_can_choose_the_best_checkpoint(tiny_data, tmp_path):

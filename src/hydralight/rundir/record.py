@@ -292,7 +292,9 @@ class RunRecord:
         self._before = self._ranks_before = FileSnapshot([])
         self._checkpoints_before: set[tuple[str, int, int]] = set()
         if writer:
-            self._before = FileSnapshot([run_dir.config, run_dir.plan, run_dir.manifest])
+            # The history and what training ended with too: an attempt rewrites them from the step it continues.
+            records = [run_dir.config, run_dir.plan, run_dir.manifest, run_dir.history, run_dir.fit_end]
+            self._before = FileSnapshot(records)
             self._ranks_before = FileSnapshot.of_folder(run_dir.rank_record(0).parent)
             self._checkpoints_before = self._checkpoints()
             earlier = read_json(run_dir.manifest) or {}
@@ -336,8 +338,8 @@ class RunRecord:
 
     def restore_if_nothing_saved(self) -> bool:
         """A refused attempt that saved no checkpoint leaves the run's record as it was (config.yaml, plan.yaml,
-        manifest.json and ranks/ of the attempt that made its checkpoints), so `resume=RUN_DIR` and the records
-        still describe them. True if it restored (the writer only)."""
+        manifest.json, the history, fit_end.json and ranks/ of the attempt that made its checkpoints), so
+        `resume=RUN_DIR` and the records still describe them. True if it restored (the writer only)."""
         if not self.writer or self._checkpoints() != self._checkpoints_before:
             return False
         self._before.restore()
