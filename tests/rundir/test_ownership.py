@@ -203,6 +203,11 @@ def test_a_link_out_of_a_run_dir_is_refused_before_anything_is_written(tmp_path,
         Claim.take(run)
     assert (run / "notes.txt").read_text() == "my notes\n"
     (run / "notes.txt").unlink()
+    # A named pipe where a record goes: writing it would block the run.
+    (run / inside).unlink()
+    os.mkfifo(run / inside)
+    with pytest.raises(UserError, match=f"holds {inside}, which is neither a file nor a folder"):
+        Claim.take(run)
     # Lightning's own links stay inside (save_last: link): they are fine.
     (run / inside).unlink()
     (run / "checkpoints").mkdir(exist_ok=True)

@@ -92,7 +92,8 @@ def link_out_of(path: Path, limit: int = 10_000) -> tuple[Path, str] | None:
     target; None when there is none. Lightning's `last.ckpt -> epoch...ckpt` is fine, so is wandb's
     `wandb/latest-run -> offline-run-...`, and so are the links in the logs of an earlier attempt's wandb run
     (wandb links its core's log in the user's cache there): every attempt's wandb run writes a folder of its own,
-    never through an earlier one's."""
+    never through an earlier one's. Something that is neither a file, a folder nor a link (a named pipe, a
+    socket: writing a record to it would block or go elsewhere) is returned with an empty target."""
     root = path.resolve()
     seen = 0
     for folder, dirs, names in os.walk(path):  # never into linked folders: a linked folder is itself checked
@@ -101,6 +102,8 @@ def link_out_of(path: Path, limit: int = 10_000) -> tuple[Path, str] | None:
             if seen > limit:
                 return None  # no run dir holds that many files: not worth walking further
             entry = Path(folder) / name
+            if not entry.is_symlink() and not entry.is_dir() and not entry.is_file():
+                return entry, ""
             if not entry.is_symlink() or _wandb_log(entry, path):
                 continue
             target = entry.resolve()
@@ -124,6 +127,11 @@ def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
         raise UserError(f"{key}={path} is a file, not a folder; give a new folder for the run")
     if path.is_dir() and (link := link_out_of(path)) is not None:
         entry, target = link
+        if not target:
+            raise UserError(
+                f"{key}={path} holds {entry.relative_to(path)}, which is neither a file nor a folder (a pipe, a "
+                "socket); a run writes only files of its own, and nothing was written: remove it"
+            )
         where = "in it" if entry.resolve().is_relative_to(path.resolve()) else "outside the run dir"
         raise UserError(
             f"{key}={path} holds {entry.relative_to(path)}, a link to {target} ({where}); a run writes only files of "
