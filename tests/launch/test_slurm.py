@@ -358,3 +358,27 @@ def test_a_finished_sweep_run_again_submits_only_what_is_left_to_run(cluster, ti
     assert set(json.loads((sweep_dir / "jobs.json").read_text())) == {"0", "1", "2"}
     assert len(job_ids(output)) == 1 and (sweep_dir / "2" / "results.json").is_file()
     assert f"sweep {sweep_dir}: 3 of 3 jobs done" in output
+
+
+def test_a_sweep_run_again_while_its_jobs_still_run_is_refused_and_they_run_on(cluster, tiny_data, tmp_path):
+    """The submitting process killed, the jobs left running: the same command again would submit each job a second
+    time (beside the first, refused by its run dir's lock, which then marked the live run failed). One line
+    instead, nothing submitted, and the live job ends as it would have."""
+    slow = ["+callbacks.slow._target_=slow.SlowSteps", "+callbacks.slow.seconds=0.3"]
+    args = [*TINY, "trainer.limit_train_batches=null", *slow, "seed=1"]
+    proc = sweep(args, tmp_path / "sweep", tiny_data, wait=False)
+    run = tmp_path / "sweep" / "0"
+    deadline = time.monotonic() + 120
+    while not (run / "csv" / "metrics.csv").exists() or not (tmp_path / "sweep" / "jobs.json").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "job never started"
+        time.sleep(0.5)
+    proc.kill()
+    proc.communicate()
+    job_id = json.loads((tmp_path / "sweep" / "jobs.json").read_text())["0"]["job_id"]
+    code, output = sweep(args, tmp_path / "sweep", tiny_data)
+    assert code == 2, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and f"still queued or running (#0: slurm job {job_id})" in errors[0], output[-3000:]
+    assert not [line for line in output.splitlines() if "slurm job" in line and " -> " in line]  # none submitted
+    assert final_state(job_id, timeout=180) == "COMPLETED"
+    assert json.loads((run / "manifest.json").read_text())["status"] == "finished"

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -31,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from hydralight.errors import UserError, exit_on_user_error
 from hydralight.launch.sealed import Sealed, SealedJob, share_secrets
-from hydralight.rundir.layout import RunDir
+from hydralight.rundir.layout import RunDir, SweepDir
 from hydralight.rundir.outcome import REFUSED_HERE, record_submitted
 from hydralight.rundir.record import discard_refused_sweep, now, read_json, write_json
 from hydralight.rundir.redaction import redact, redact_sweep_record, secret_values
@@ -192,6 +193,37 @@ def _mark_ended(run_dir: RunDir, reason: str) -> None:
     manifest = read_json(run_dir.manifest)
     if manifest is not None and manifest.get("status") == "running":
         write_json(run_dir.manifest, {**manifest, "status": "failed", "error": reason, "finished_at": now()})
+
+
+def still_queued(sweep_dir: Path, executor: str, numbers: set[int]) -> list[tuple[int, str]]:
+    """The jobs among `numbers` that an earlier submission of this sweep (its jobs.json) left queued or running:
+    (number, job id). SLURM's are read from squeue; the local executor's ids are the jobs' process ids here."""
+    recorded = read_json(SweepDir(sweep_dir).jobs) or {}
+    ids = {
+        int(n): str(entry.get("job_id"))
+        for n, entry in recorded.items()
+        if n.isdigit() and int(n) in numbers and isinstance(entry, dict) and entry.get("job_id")
+    }
+    if not ids:
+        return []
+    if executor == "slurm":
+        try:
+            listed = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return []  # no answer from the scheduler: sbatch says what is wrong next
+        live = set(listed.stdout.split()) if listed.returncode == 0 else set()
+        return [(n, job_id) for n, job_id in sorted(ids.items()) if job_id in live]
+    return [(n, job_id) for n, job_id in sorted(ids.items()) if job_id.isdigit() and _alive(int(job_id))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != os.getpid()
 
 
 def job_resources(cfg: DictConfig, executor: str) -> dict[str, Any]:
@@ -392,6 +424,15 @@ class PlannedLauncherMixin:
             )
         # Every job is sized (or refused) before the sweep dir exists.
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        to_submit = {initial_job_idx + i for indices in groups.values() for i in indices}
+        if not dry_run and (live := still_queued(sweep_dir, self._EXECUTOR, to_submit)):
+            discard_refused_sweep(self.config)
+            jobs_said = ", ".join(f"#{number}: {self._EXECUTOR} job {job_id}" for number, job_id in live)
+            stop = "squeue shows them; scancel stops them" if self._EXECUTOR == "slurm" else "kill stops them"
+            raise UserError(
+                f"{sweep_dir} has jobs of an earlier submission of this sweep still queued or running ({jobs_said}); "
+                f"submitted again, each would run twice: wait for them to end ({stop}), then run the command again"
+            )
         sweep_dir.mkdir(parents=True, exist_ok=True)
         # Hydra wrote the sweep's record with the command line as given; the jobs must not find secrets in it.
         redact_sweep_record(sweep_dir)
