@@ -206,6 +206,8 @@ OUT_OF_RANGE = [
     ("trainer.max_steps=0", "trainer.max_steps=0 is out of range: use -1 (no limit) or an integer >= 1"),
     ("trainer.min_steps=-2", "trainer.min_steps=-2 is out of range"),
     ("trainer.limit_train_batches=1.5", "trainer.limit_train_batches=1.5 is out of range"),
+    ("trainer.limit_train_batches=0", "trainer.limit_train_batches=0 trains nothing; give a number of batches >= 1"),
+    ("trainer.limit_train_batches=0.0", "trainer.limit_train_batches=0.0 trains nothing"),
     ("trainer.limit_val_batches=-1", "trainer.limit_val_batches=-1 is out of range"),
     ("trainer.val_check_interval=0", "trainer.val_check_interval=0 is out of range"),
     ("trainer.check_val_every_n_epoch=0", "trainer.check_val_every_n_epoch=0 is out of range"),

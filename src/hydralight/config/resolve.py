@@ -225,6 +225,13 @@ def _check_ranges(c: DictConfig) -> None:
         value = trainer.get(key)
         if value is not None and not ok(value):
             raise UserError(f"trainer.{key}={value} is out of range: use {allowed}")
+    if c.get("mode", "train") == "train" and trainer.get("limit_train_batches") == 0:
+        # Lightning would skip training and report the test of the untrained weights as the run's result.
+        raise UserError(
+            f"trainer.limit_train_batches={trainer.get('limit_train_batches')} trains nothing; give a number of "
+            "batches >= 1 to train, or test a "
+            "trained run with mode=eval resume=<its run dir>"
+        )
     wandb = (c.get("logger") or {}).get("wandb")
     mode = wandb.get("mode") if isinstance(wandb, Mapping) else None
     if mode is not None and mode not in WANDB_MODES:
