@@ -208,6 +208,7 @@ OUT_OF_RANGE = [
     ("trainer.limit_train_batches=1.5", "trainer.limit_train_batches=1.5 is out of range"),
     ("trainer.limit_train_batches=0", "trainer.limit_train_batches=0 trains nothing; give a number of batches >= 1"),
     ("trainer.limit_train_batches=0.0", "trainer.limit_train_batches=0.0 trains nothing"),
+    ("data.data_dir=", "data.data_dir is empty; give it a folder, or leave it out to use DATA_DIR (else ./data)"),
     ("trainer.limit_val_batches=-1", "trainer.limit_val_batches=-1 is out of range"),
     ("trainer.val_check_interval=0", "trainer.val_check_interval=0 is out of range"),
     ("trainer.check_val_every_n_epoch=0", "trainer.check_val_every_n_epoch=0 is out of range"),

@@ -120,6 +120,15 @@ def test_a_run_refused_for_missing_data_leaves_no_data_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []  # neither the data folder nor the run dir
 
 
+def test_a_data_folder_missing_some_of_its_files_names_them(tmp_path):
+    from conftest import make_mnist
+
+    make_mnist(tmp_path)
+    (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(UserError, match=r"MNIST not found in .*/MNIST/raw \(missing t10k-labels-idx1-ubyte\) and"):
+        MNISTDataModule(data_dir=str(tmp_path), download=False).prepare_data()
+
+
 def test_fashion_mnist_composes_and_reads_its_own_idx_files(tmp_path):
     from conftest import make_mnist, plan_of
 

@@ -207,7 +207,11 @@ def test_output_dir_that_cannot_be_written(tiny_data, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     line = one_line(run_cli(TINY, blocker / "run", tiny_data))
-    assert "cannot write run outputs to" in line and str(blocker) in line
+    assert "cannot write run outputs to" in line and str(blocker) in line and "set hydra.run.dir=" in line
+    # A sweep's: the key that names it.
+    line = one_line(run_cli(["-m", *TINY, "seed=1,2", f"hydra.sweep.dir={blocker}"], tmp_path, tiny_data))
+    assert f"cannot write run outputs to {blocker}" in line and line.endswith("set hydra.sweep.dir=..."), line
+    assert blocker.read_text() == "not a folder"
 
 
 def test_a_finished_run_is_never_overwritten(tiny_data, tmp_path):

@@ -186,7 +186,7 @@ class Invocation:
         """Refuse a run or sweep dir that cannot be written, before Hydra starts."""
         if self.print_only:
             return
-        check_writable(self._output_template())
+        check_writable(self._output_template(), "hydra.sweep.dir" if self.multirun else "hydra.run.dir")
 
     def _output_template(self) -> str:
         key = "hydra.sweep.dir" if self.multirun else "hydra.run.dir"

@@ -253,6 +253,8 @@ def _check_ranges(c: DictConfig) -> None:
         value = optimizer.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
             raise UserError(f"optim.optimizer.{key}={value} is out of range: use a number >= 0")
+    if data.get("data_dir") == "":
+        raise UserError("data.data_dir is empty; give it a folder, or leave it out to use DATA_DIR (else ./data)")
     for key in ("data_dir", "cache_dir"):
         where = data.get(key)
         if isinstance(where, str) and Path(where).expanduser().exists() and not Path(where).expanduser().is_dir():

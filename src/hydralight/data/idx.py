@@ -151,12 +151,15 @@ class IdxDataModule(ImageDataModule):
                     self.check_sizes(self.train_size())
                     return
         where = self.raw_dir(self.data_dir)
+        missing = [name for name in IDX_FILES if not (where / name).is_file()]
+        # Some there: the ones that are not are what to look for.
+        shown = f"{where} (missing {', '.join(missing)})" if len(missing) < len(IDX_FILES) else str(where)
         fix = (
             f"set DATA_DIR (or data.data_dir) to a folder holding {self.name}/raw/, "
             f"or connect to the internet to download into {self.data_dir}"
         )
         if not self.download:
-            raise UserError(f"{self.name} not found in {where} and data.download=false; {fix}")
+            raise UserError(f"{self.name} not found in {shown} and data.download=false; {fix}")
         made = self._download_would_make()
         try:
             # torchvision prints each failed mirror; the one line that matters is ours below.
@@ -168,7 +171,7 @@ class IdxDataModule(ImageDataModule):
             for path in made:
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
             reason = str(err).splitlines()[0] if isinstance(err, RuntimeError) else str(err)
-            raise UserError(f"{self.name} not found in {where} and the download failed ({reason}); {fix}") from None
+            raise UserError(f"{self.name} not found in {shown} and the download failed ({reason}); {fix}") from None
 
     def _download_would_make(self) -> list[Path]:
         """What a download creates that is not there yet: the outermost missing folder of the data folder,

@@ -144,9 +144,10 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("hydralight.record_subdir", record_subdir, replace=True)
 
 
-def check_writable(folder: str) -> None:
-    """Refuse, before Hydra starts, a run or sweep dir that cannot be created or written. Creates nothing: a
-    folder made here would look like one the user had (and a name with `${...}` in it is Hydra's to resolve)."""
+def check_writable(folder: str, key: str = "hydra.run.dir") -> None:
+    """Refuse, before Hydra starts, a run or sweep dir (named by `key`) that cannot be created or written. Creates
+    nothing: a folder made here would look like one the user had (and a name with `${...}` in it is Hydra's to
+    resolve)."""
     if "${" in folder:
         folder = folder.split("${", 1)[0] or "."  # the part before the first interpolation is fixed
     target = os.path.abspath(folder)
@@ -164,9 +165,7 @@ def check_writable(folder: str) -> None:
         except OSError as err:
             reason = err.strerror
     if reason is not None:
-        raise UserError(
-            f"cannot write run outputs to {folder} ({reason}); run from a writable folder or set hydra.run.dir=..."
-        )
+        raise UserError(f"cannot write run outputs to {folder} ({reason}); run from a writable folder or set {key}=...")
 
 
 def check_rank_variables() -> None:
