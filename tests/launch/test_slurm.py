@@ -352,6 +352,12 @@ def test_a_finished_sweep_run_again_submits_only_what_is_left_to_run(cluster, ti
     assert "slurm job " not in output and f"sweep {sweep_dir}: 2 of 2 jobs done" in output
     after = {str(p.relative_to(sweep_dir)): p.read_bytes() for p in sorted(sweep_dir.rglob("*")) if p.is_file()}
     assert after == before
+    # One more seed on a partition SLURM does not have: refused, and the sweep's record (multirun.yaml) too
+    # stays as it was.
+    code, output = sweep([*args, "seed=1,2,3", "cluster.partition=nope"], sweep_dir, tiny_data)
+    assert code == 2 and "error: SLURM refused the job" in output, output[-3000:]
+    after = {str(p.relative_to(sweep_dir)): p.read_bytes() for p in sorted(sweep_dir.rglob("*")) if p.is_file()}
+    assert after == before
     # One more seed: only its job is submitted.
     code, output = sweep([*args, "seed=1,2,3"], sweep_dir, tiny_data)
     assert code == 0 and output.count(": already finished: test/acc=") == 2, output[-3000:]

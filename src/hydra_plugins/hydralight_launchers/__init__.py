@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from hydralight.config.compose import ComposedOnce, check_sweep
 from hydralight.config.folders import user_conf
 from hydralight.config.hydra_internals import basic_sweeper
-from hydralight.errors import UserError, exit_on_user_error
+from hydralight.errors import EXIT_USER_ERROR, UserError, exit_on_user_error
 from hydralight.launch.launchers import HydralightLocalConf, HydralightSlurmConf, PlannedLauncherMixin
 from hydralight.rundir.outcome import REFUSED_HERE
 from hydralight.rundir.record import discard_refused_sweep, sweep_dir_kept_as_it_was
@@ -62,13 +62,18 @@ class CheckedSweeper(BasicSweeper):  # type: ignore[misc]
         earlier = (Path(str(self.config.hydra.sweep.dir)) / SWEEP_RECORD).is_file()
         self._check([*self._parse_config(), *arguments])
         returns: list[Sequence[Any]] = []
+        refused = False  # the launch refused in one line before any job ran (sbatch said no, a time limit)
 
         def unchanged() -> bool:  # only plans printed, or an earlier sweep's jobs all refused: its record stays
             ran = sum(len(batch) for batch in returns)
-            return self.config.get("plan") is True or (earlier and ran > 0 and len(REFUSED_HERE) == ran)
+            return refused or self.config.get("plan") is True or (earlier and ran > 0 and len(REFUSED_HERE) == ran)
 
         with sweep_dir_kept_as_it_was(self.config, when=unchanged):
-            returns.extend(super().sweep(arguments))
+            try:
+                returns.extend(super().sweep(arguments))
+            except SystemExit as stop:
+                refused = stop.code == EXIT_USER_ERROR and not returns
+                raise
         return returns
 
     @exit_on_user_error
