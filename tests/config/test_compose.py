@@ -167,6 +167,10 @@ def test_a_large_sweep_checks_every_value_it_sweeps_without_composing_every_job(
         checked_sweep(*LARGE_GRID, "model=mlp,cnnx")
     with pytest.raises(UserError, match=r"optim.lr=range\(5\),abc cannot be expanded into values"):
         checked_sweep("seed=1,2", "optim.lr=range(5),abc")
+    # An interval without a search: a grid has no values to take from it.
+    with pytest.raises(UserError, match=r"optim.lr=interval\(0.001,0.01\) is an interval, which only a search samples: "
+                                        r"add hparams_search=optuna"):  # fmt: skip
+        checked_sweep("seed=1,2", "optim.lr=interval(0.001,0.01)")
 
 
 def test_a_small_sweep_composes_each_job_once_with_its_types():

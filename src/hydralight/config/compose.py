@@ -535,7 +535,14 @@ def _refuse_optuna_plugin_keys(keys: Iterable[str]) -> None:
 def _unexpandable(parsed: list[Any]) -> str | None:
     """Which sweep override Hydra cannot expand by itself, and why, when its own error names neither (a
     `range()` inside a list: `lr=range(5),abc` fails on an internal type)."""
+    from hydra.core.override_parser.types import IntervalSweep
+
     for override in parsed:
+        if isinstance(override.value(), IntervalSweep):  # a range of reals: a search draws from it, a grid cannot
+            return (
+                f"{override.input_line} is an interval, which only a search samples: add hparams_search=optuna "
+                "(python train.py -m hparams_search=optuna ...), or give the values to try (0.001,0.003,0.01)"
+            )
         try:
             sweep_jobs([override])
         except Exception:
