@@ -84,12 +84,18 @@ def validate_now(trainer: pl.Trainer) -> None:
     loop = trainer.fit_loop.epoch_loop
     stepped = loop._batches_that_stepped
     loop._batches_that_stepped = trainer.global_step - 1
+    _STEPPED_BEFORE[id(loop)] = stepped  # what logging_step says meanwhile (a stop saved in this validation)
     trainer.validating = True
     try:
         loop.val_loop.run()
     finally:
         trainer.training = True
         loop._batches_that_stepped = stepped
+        _STEPPED_BEFORE.pop(id(loop), None)
+
+
+# The training's logging step of an epoch loop whose `validate_now` runs (its own is moved back for that time).
+_STEPPED_BEFORE: dict[int, int] = {}
 
 
 def log_step_metrics_now(trainer: pl.Trainer) -> None:
@@ -119,7 +125,8 @@ def step_values_for_loggers(trainer: pl.Trainer) -> dict[str, Any]:
 
 def logging_step(trainer: pl.Trainer) -> int:
     """The step Lightning writes training values at (`epoch_loop._batches_that_stepped`, no public getter)."""
-    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+    loop = trainer.fit_loop.epoch_loop
+    return int(_STEPPED_BEFORE.get(id(loop), loop._batches_that_stepped))
 
 
 def forget_train_loader(trainer: pl.Trainer) -> None:

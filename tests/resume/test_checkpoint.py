@@ -121,6 +121,12 @@ def test_a_signal_after_the_last_step_stops_the_run_before_its_test(
     ok(again)
     assert results(cut)["global_step"] == results(plain)["global_step"] == steps
     assert results(cut)["test"] == results(plain)["test"]
+    # The same files and history: the best checkpoint the final validation chose, the test's row at its step.
+    assert Path(results(cut)["best_checkpoint"]).name == Path(results(plain)["best_checkpoint"]).name
+    assert sorted(p.name for p in (cut / "checkpoints").iterdir()) == sorted(
+        p.name for p in (plain / "checkpoints").iterdir()
+    )
+    assert [r["step"] for r in csv_rows(cut)] == [r["step"] for r in csv_rows(plain)]
 
 
 def test_a_64_bit_checkpoint_is_loaded_to_the_bit_by_init_from(tiny_data, tmp_path):

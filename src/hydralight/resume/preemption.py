@@ -18,7 +18,7 @@ from types import FrameType
 from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 
 from hydralight.lightning_internals import log_step_metrics_now
 from hydralight.resume.agreement import agreement
@@ -121,7 +121,13 @@ class Preemption(Callback):
         # The validation of the final weights runs after the check above (hydralight.resume.last_checkpoint's, at
         # the end of training); every rank runs it, so the ranks agree once more at its end.
         if not trainer.sanity_checking and trainer.fit_loop.done:
-            self.on_train_end(trainer, pl_module)
+            if (requested := agreement(trainer).at_end(trainer, pl_module)["signal"]) != NONE:
+                # The best checkpoint this validation chooses is saved first, as in an uninterrupted run (Lightning
+                # calls the checkpoint callbacks' hook after this one; the stop would skip it).
+                for callback in trainer.checkpoint_callbacks:
+                    if isinstance(callback, ModelCheckpoint):
+                        callback.on_validation_end(trainer, pl_module)
+                self._stop(trainer, requested)
 
     def _stop(self, trainer: pl.Trainer, requested: int) -> None:
         self._held = None  # acted on here
