@@ -120,14 +120,15 @@ class Preemption(Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The validation of the final weights runs after the check above (hydralight.resume.last_checkpoint's, at
         # the end of training); every rank runs it, so the ranks agree once more at its end.
-        if not trainer.sanity_checking and trainer.fit_loop.done:
-            if (requested := agreement(trainer).at_end(trainer, pl_module)["signal"]) != NONE:
-                # The best checkpoint this validation chooses is saved first, as in an uninterrupted run (Lightning
-                # calls the checkpoint callbacks' hook after this one; the stop would skip it).
-                for callback in trainer.checkpoint_callbacks:
-                    if isinstance(callback, ModelCheckpoint):
-                        callback.on_validation_end(trainer, pl_module)
-                self._stop(trainer, requested)
+        if trainer.sanity_checking or not trainer.fit_loop.done:
+            return
+        if (requested := agreement(trainer).at_end(trainer, pl_module)["signal"]) != NONE:
+            # The best checkpoint this validation chooses is saved first, as in an uninterrupted run (Lightning
+            # calls the checkpoint callbacks' hook after this one; the stop would skip it).
+            for callback in trainer.checkpoint_callbacks:
+                if isinstance(callback, ModelCheckpoint):
+                    callback.on_validation_end(trainer, pl_module)
+            self._stop(trainer, requested)
 
     def _stop(self, trainer: pl.Trainer, requested: int) -> None:
         self._held = None  # acted on here
