@@ -274,6 +274,21 @@ def test_eval_records_the_network_it_evaluated(tiny_data, tmp_path):
     assert "MLP" in (evaluated / "config.yaml").read_text() and "SeedCNN" not in (evaluated / "config.yaml").read_text()
 
 
+def test_eval_of_a_run_whose_best_checkpoint_is_damaged_names_it_and_another(tiny_data, tmp_path):
+    """`mode=eval resume=RUN` reads the checkpoint the run's results name: damaged, the line says it is the run's
+    best (not a ckpt_path= the user never gave) and which other of its checkpoints to test instead."""
+    run = tmp_path / "run"
+    ok(run_cli(TINY, run, tiny_data))
+    best = Path(results(run)["best_checkpoint"])
+    assert best.name != "last.ckpt"
+    best.write_bytes(best.read_bytes()[:1000])
+    line = one_line(run_cli([*TINY, "mode=eval", f"resume={run}"], tmp_path / "unused", tiny_data))
+    assert line.startswith(f"error: the run's best checkpoint {best} is not a checkpoint"), line
+    last = run / "checkpoints" / "last.ckpt"
+    assert line.endswith(f"test another of its checkpoints: ckpt_path={last} in place of resume="), line
+    ok(run_cli([*TINY, "mode=eval", f"ckpt_path={last}"], tmp_path / "other", tiny_data))  # the advice, as written
+
+
 def test_eval_takes_the_training_command_and_refuses_another_model_or_a_second_starting_point(tiny_data, tmp_path):
     run = tmp_path / "run"
     ok(run_cli(TINY, run, tiny_data))  # model=mlp

@@ -167,7 +167,19 @@ class Resume:
         """mode=eval/predict: the checkpoint tested, read once."""
         if self._contents is None:
             path = Path(str(self.decision.ckpt_path))
-            self._contents = read_checkpoint(path, f"ckpt_path={path}")
+            if any(override_key(o) == "ckpt_path" for o in self.plan.paths.overrides):
+                self._contents = read_checkpoint(path, f"ckpt_path={path}")
+                return self._contents
+            try:  # the one the run's results name as its best: the user named the run, not the file
+                self._contents = read_checkpoint(path)
+            except UserError as err:
+                others = sorted(str(p) for p in path.parent.glob("*.ckpt") if p != path)
+                way = (
+                    f"test another of its checkpoints: ckpt_path={others[-1]} in place of resume="
+                    if others
+                    else ("train it again")
+                )
+                raise UserError(f"the run's best checkpoint {err}; {way}") from None
         return self._contents
 
     def check_data(self) -> None:
