@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import logging
 import os
 import re
@@ -458,8 +459,9 @@ class PlannedLauncherMixin:
                 # submitit's local executor takes the GPUs of a job (`visible_gpus`); its AutoExecutor does not
                 # pass that key on.
                 executor._executor.update_parameters(visible_gpus=gpus)
-            try:
-                submitted = executor.map_array(SealedJob(), [Sealed((self, arguments[i])) for i in indices])
+            try:  # submitit prints sbatch's refusal as it is; the one line below says it
+                with contextlib.redirect_stderr(io.StringIO()):
+                    submitted = executor.map_array(SealedJob(), [Sealed((self, arguments[i])) for i in indices])
             except Exception as err:  # sbatch said no: bad partition, resources the cluster does not have
                 # The sweep is refused as a whole: what it submitted before is cancelled (it would run on with no
                 # one waiting for it or counting it), and what it wrote goes.
