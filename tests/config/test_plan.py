@@ -209,6 +209,19 @@ OUT_OF_RANGE = [
     ("trainer.limit_train_batches=0", "trainer.limit_train_batches=0 trains nothing; give a number of batches >= 1"),
     ("trainer.limit_train_batches=0.0", "trainer.limit_train_batches=0.0 trains nothing"),
     ("data.data_dir=", "data.data_dir is empty; give it a folder, or leave it out to use DATA_DIR (else ./data)"),
+    # The best checkpoint in the objective's direction: a loss maximised would keep (and test) the worst.
+    (
+        "objective.metric=val/loss",
+        "objective.metric=val/loss is maximised (objective.direction=max): the run would "
+        "keep its highest val/loss as its best; add objective.direction=min",
+    ),
+    (
+        "callbacks.model_checkpoint.monitor=val/loss",
+        "callbacks.model_checkpoint.monitor=val/loss differs from "
+        "objective.metric=val/acc, which chooses the best checkpoint (and what a sweep tunes on); set "
+        "objective.metric=val/loss objective.direction=min instead",
+    ),
+    ("callbacks.model_checkpoint.mode=min", "callbacks.model_checkpoint.mode=min differs from objective.direction=max"),
     ("trainer.limit_val_batches=-1", "trainer.limit_val_batches=-1 is out of range"),
     ("trainer.val_check_interval=0", "trainer.val_check_interval=0 is out of range"),
     ("trainer.check_val_every_n_epoch=0", "trainer.check_val_every_n_epoch=0 is out of range"),

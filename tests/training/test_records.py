@@ -1,5 +1,7 @@
 """results.json of a finished run, from the trainer's counters and the metrics the module logged."""
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -97,3 +99,28 @@ def test_a_rank_records_the_learning_rate_it_trains_with(hparams, recorded, tmp_
     module = SimpleNamespace(hparams=hparams, device="cpu", modules=net.modules)
     RankRecord(str(tmp_path)).on_fit_start(trainer, module)
     assert json.loads((tmp_path / "ranks" / "rank0.json").read_text())["lr"] == recorded
+
+
+@pytest.mark.slow
+def test_the_objective_s_best_checkpoint_is_tested_whatever_the_order_of_the_callbacks(tiny_data, tmp_path):
+    """A user's own ModelCheckpoint by another metric listed before the shipped one (as a callbacks group written
+    for lightning-hydra-template puts it): the checkpoint tested and the objective's value are still the best by
+    the objective (they were the other callback's best, and the objective's last value)."""
+    import csv
+
+    from conftest import TINY, run_cli
+
+    (tmp_path / "conf" / "callbacks").mkdir(parents=True)
+    (tmp_path / "conf" / "callbacks" / "by_loss.yaml").write_text(
+        "by_loss:\n  _target_: pytorch_lightning.callbacks.ModelCheckpoint\n  monitor: val/loss\n  mode: min\n"
+        "  dirpath: ${hydra:runtime.output_dir}/by_loss\n  save_top_k: 1\n"
+    )
+    run = tmp_path / "run"
+    args = [*TINY, "callbacks=[by_loss,default]", "trainer.max_epochs=4", "optim.lr=0.05", "seed=3"]
+    done = run_cli(args, run, tiny_data, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((run / "results.json").read_text())
+    with (run / "csv" / "metrics.csv").open() as f:
+        accs = [float(r["val/acc"]) for r in csv.DictReader(f) if r.get("val/acc")]
+    assert results["objective"]["value"] == pytest.approx(max(accs))
+    assert Path(results["best_checkpoint"]).parent == run / "checkpoints"

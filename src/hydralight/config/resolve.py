@@ -129,6 +129,30 @@ def check_objective(metric: str) -> None:
         )
 
 
+def _check_best_checkpoint(c: DictConfig) -> None:
+    """The best checkpoint is chosen by the objective, in its direction: a loss maximised, or the shipped
+    best-checkpoint callback set to another metric or mode, would keep (and test) the worst checkpoint."""
+    metric, direction = str(c.objective.metric), str(c.objective.direction)
+    lower = lambda name: re.search(r"loss|error", name.split("/")[-1].lower()) is not None  # noqa: E731
+    if direction == "max" and lower(metric):
+        raise UserError(
+            f"objective.metric={metric} is maximised (objective.direction=max): the run would keep its highest "
+            f"{metric} as its best; add objective.direction=min"
+        )
+    best = (c.get("callbacks") or {}).get("model_checkpoint")
+    if not isinstance(best, Mapping) or not str(best.get("_target_", "")).endswith(".epochs.BestCheckpoint"):
+        return
+    for key, value, owner in (("monitor", metric, "objective.metric"), ("mode", direction, "objective.direction")):
+        if best.get(key) is not None and str(best.get(key)) != value:
+            wanted = f"{owner}={best.get(key)}"
+            if key == "monitor" and direction == "max" and lower(str(best.get(key))):
+                wanted += " objective.direction=min"
+            raise UserError(
+                f"callbacks.model_checkpoint.{key}={best.get(key)} differs from {owner}={value}, which chooses the "
+                f"best checkpoint (and what a sweep tunes on); set {wanted} instead"
+            )
+
+
 def _check_starting_points(c: DictConfig) -> None:
     """What a run starts from is applied or refused, never ignored: `mode=eval` tests `ckpt_path`; `init_from`
     starts a new run from weights, `ckpt_path` continues one."""
@@ -151,6 +175,7 @@ def _check_starting_points(c: DictConfig) -> None:
 
 def _check_top_level(c: DictConfig) -> None:
     check_objective(str(c.objective.metric))
+    _check_best_checkpoint(c)
     if c.extras.enforce_tags and not c.tags:
         raise UserError("extras.enforce_tags=true and the run has no tags: give it some, e.g. 'tags=[baseline,v2]'")
     seed = c.get("seed")

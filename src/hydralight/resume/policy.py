@@ -32,6 +32,7 @@ from hydralight.errors import UserError
 from hydralight.resume.state import RECORD, ResumeState, new_run_from, plain_hparams, plain_value
 from hydralight.rundir.layout import RunDir, not_a_checkpoint_file
 from hydralight.training.modules import build_module
+from hydralight.training.records import objective_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +331,7 @@ class Resume:
         or (a module without validation) last.ckpt, the final weights."""
         if self.decision.mode == "eval":
             return self.decision.ckpt_path
-        best = getattr(trainer.checkpoint_callback, "best_model_path", None) or None
+        best = getattr(objective_checkpoint(trainer, self.plan.objective.metric), "best_model_path", None) or None
         if best is not None and not Path(best).exists():
             best = None  # ddp_spawn hands a rank's missing best path back to the main process as "None"
         last = RunDir.at(self.plan.paths.run_dir).last

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.nn import SyncBatchNorm
 
 from hydralight.config.plan import ObjectivePlan
@@ -212,10 +213,20 @@ class FitEnd(pl.Callback):
         return self._now(trainer)
 
 
+def objective_checkpoint(trainer: pl.Trainer, metric: str) -> Any:
+    """The checkpoint callback that keeps the best checkpoint by the run's objective `metric`, wherever it
+    stands among the callbacks (a user's own ModelCheckpoint by another metric may come first); else
+    Lightning's first one."""
+    return next(
+        (cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.monitor == metric),
+        trainer.checkpoint_callback,
+    )
+
+
 def objective_value(trainer: pl.Trainer, metrics: dict[str, float], metric: str) -> float | None:
     """The best `metric` of the run as the best-checkpoint callback tracked it (over every validation,
     across resumed attempts), else its last value; None when the run never validated it."""
-    chosen = trainer.checkpoint_callback  # typed as any Checkpoint; ModelCheckpoint has the score
+    chosen = objective_checkpoint(trainer, metric)
     score = getattr(chosen, "best_model_score", None)
     if chosen is not None and getattr(chosen, "monitor", None) == metric and score is not None:
         value: float | None = float(score)
