@@ -579,8 +579,8 @@ def _unresolvable(cfg: DictConfig) -> str | None:
 
     def walk(node: Any, path: str) -> str | None:  # a DictConfig or a ListConfig
         raw: Any = OmegaConf.to_container(node, resolve=False)
-        keys: list[int | str] = (
-            list(range(len(node))) if isinstance(node, ListConfig) else [str(k) for k in node if k != "hydra" or path]
+        keys: list[Any] = (
+            list(range(len(node))) if isinstance(node, ListConfig) else [k for k in node if k != "hydra" or path]
         )
         for key in keys:
             where = f"{path}[{key}]" if isinstance(node, ListConfig) else f"{path}{'.' if path else ''}{key}"
