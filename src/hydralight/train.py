@@ -190,6 +190,9 @@ def _left_as_it_was_if_refused(plan: RunPlan, trainer: Any, record: Any) -> Iter
         if plan.paths.sweep_dir is None and untrained and not plan.resume.own:
             err.discard_run_dir = True  # what this attempt added goes; what was there before stays
         err.saved_something = not record.restore_if_nothing_saved()
+        if not err.saved_something:  # a tracker's run of the earlier attempt is left as it was too
+            for logger in getattr(trainer, "loggers", []):
+                getattr(logger, "put_back", lambda: None)()
         raise
 
 

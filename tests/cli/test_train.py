@@ -228,7 +228,11 @@ def test_loggers_run(tiny_data, tmp_path, logger):
     result = run_cli([*TINY, f"logger={logger}"], run, tiny_data)
     assert result.returncode == 0, result.stderr
     if logger == "tensorboard":
-        assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+        (training,) = (run / "tensorboard").iterdir()  # a folder per training of the run dir
+        assert list(training.glob("events.out.tfevents.*"))
+        # The same run continued (a larger budget) logs into the same folder.
+        assert run_cli([*TINY, "logger=tensorboard", "trainer.max_epochs=2"], run, tiny_data).returncode == 0
+        assert list((run / "tensorboard").iterdir()) == [training]
 
 
 @pytest.mark.slow

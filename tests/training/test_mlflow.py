@@ -112,6 +112,30 @@ def test_a_sweep_s_jobs_are_runs_of_one_experiment_and_a_continued_run_keeps_its
     assert continued.data.tags["changed/config/trainer/max_steps"] == "8"
 
 
+def test_a_fresh_start_in_a_run_dir_gets_its_own_mlflow_run_and_a_refused_attempt_changes_none(
+    server, tiny_data, tmp_path
+):
+    """resume=never in a dir whose run stopped part way starts another training: a run of its own (it logged into
+    the stopped one, each early step twice). A continuation refused before it saves leaves the finished run's
+    status as it was (it was marked FAILED)."""
+    run = tmp_path / "run"
+    args = [*TINY, "trainer.limit_train_batches=null", "trainer.max_steps=6", "logger=mlflow",
+            "logger.mlflow.experiment_name=fresh"]  # fmt: skip
+    stop = ["+callbacks.zz_stop._target_=signal_at.SignalAt", "+callbacks.zz_stop.step=3"]
+    cut = run_cli([*args, *stop], run, tiny_data, MLFLOW_TRACKING_URI=server, PYTHONPATH=str(HELPERS))
+    assert cut.returncode == 143, cut.stderr[-3000:]
+    done = run_cli([*args, "resume=never", "optim.lr=0.002"], run, tiny_data, MLFLOW_TRACKING_URI=server)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = sorted(runs_of(server, "fresh"), key=lambda r: r.info.start_time)
+    history = lambda r: [h.step for h in client(server).get_metric_history(r.info.run_id, "train/loss_step")]  # noqa: E731
+    assert history(first) == [0, 1, 2, 3] and history(second) == list(range(6))
+    assert second.data.params["config/optim/lr"] == "0.002" and second.info.status == "FINISHED"
+    # A shorter budget than the finished run's: refused in one line, the MLflow run left FINISHED.
+    refused = run_cli([*args, "trainer.max_steps=4"], run, tiny_data, MLFLOW_TRACKING_URI=server)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert client(server).get_run(second.info.run_id).info.status == "FINISHED"
+
+
 def test_a_server_that_does_not_answer_leaves_the_run_in_the_run_dir_s_store(tiny_data, tmp_path):
     run = tmp_path / "run"
     with silent_server() as silent:  # run_cli's deadline: MLflow's own retries would take minutes

@@ -331,17 +331,20 @@ def build_loggers(plan: RunPlan, manifest: dict[str, Any] | None = None) -> list
     from hydralight.config.binding import bind, import_target, instantiate
 
     loggers: list[Logger] = [HistoryLogger(plan.paths.run_dir)]
+    lineage = (manifest or {}).get("lineage", "")  # which training of the run dir this is (RunRecord's)
     for name, spec in plan.loggers.items():
         if spec.get("_target_") == HISTORY_TARGET:
             continue  # always there
         if name == "wandb":
-            loggers.append(start_wandb_logger(spec, plan, (manifest or {}).get("lineage", "")))
+            loggers.append(start_wandb_logger(spec, plan, lineage))
             continue
         if name == "mlflow":
-            loggers.append(start_mlflow_logger(spec, plan))
+            loggers.append(start_mlflow_logger(spec, plan, lineage))
             continue
         if name == "tensorboard":
             require("tensorboard", "tensorboard", "logger=tensorboard")
+            if spec.get("version") in ("", None):  # one folder per training: a fresh start never mixes in
+                spec = {**spec, "version": hashlib.sha1(str(lineage).encode()).hexdigest()[:8]}
         # A logger of the user's: its arguments checked as a callback's are, its files in the run dir unless it
         # says otherwise; what its constructor refuses is one line.
         target = import_target(str(spec.get("_target_")), f"logger.{name}._target_")
@@ -361,12 +364,28 @@ MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUES
 MLFLOW_PROBE_S = 5.0
 MLFLOW_LOCAL = "mlflow"  # the run dir's own store: mlflow/mlflow.db and its artifacts beside it
 MLFLOW_RUN_DIR_TAG = "hydralight.run_dir"
+MLFLOW_LINEAGE_TAG = "hydralight.lineage"
 
 
 class MLflowRunLogger(MLFlowLogger):
     """Lightning's MLFlowLogger, continuing a run's MLflow run across attempts: MLflow refuses to change a
     logged param, so a continued run logs the params it did not have, and each changed value (a larger
-    `trainer.max_steps`) as a tag `changed/<param>`."""
+    `trainer.max_steps`) as a tag `changed/<param>`. An attempt refused before it saved anything puts the run's
+    status back (`put_back`): Lightning marks it failed as the refusal leaves `fit`."""
+
+    _status_before: str | None = None
+
+    @property
+    def experiment(self) -> Any:
+        client = super().experiment
+        if self._status_before is None and self._run_id is not None:  # (its run_id property reads experiment)
+            self._status_before = client.get_run(self._run_id).info.status  # RUNNING for a run it just started
+        return client
+
+    @rank_zero_only
+    def put_back(self) -> None:
+        if self._status_before not in (None, "RUNNING"):
+            self.experiment.set_terminated(self.run_id, self._status_before)
 
     @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace) -> None:
@@ -399,9 +418,10 @@ def _flattened(params: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[st
             yield name, value
 
 
-def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan) -> Logger:
-    """The MLflow logger of `spec`: one MLflow run per job (tagged with its run dir, so a resumed or requeued job
-    continues it; a sweep's jobs tagged with the sweep), on the tracking server of `tracking_uri` or
+def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan, lineage: str = "") -> Logger:
+    """The MLflow logger of `spec`: one MLflow run per training of a job (tagged with its run dir and `lineage`,
+    so a resumed or requeued job continues it and a fresh start in the same dir gets its own; a sweep's jobs
+    tagged with the sweep), on the tracking server of `tracking_uri` or
     MLFLOW_TRACKING_URI. A server that does not answer within 5 s, or none given, keeps the run in the run dir's
     own `mlruns` store, said in one line."""
     require("mlflow", "mlflow", "logger=mlflow")
@@ -428,6 +448,7 @@ def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan) -> Logger:
     tags = {
         **(spec.get("tags") or {}),
         MLFLOW_RUN_DIR_TAG: str(run_dir),
+        MLFLOW_LINEAGE_TAG: lineage,
         "hardware": f"{hw.num_nodes}x{hw.devices}{hw.accelerator}",
         "strategy": fw.strategy,
         "precision": fw.precision,
@@ -439,7 +460,7 @@ def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan) -> Logger:
         "tracking_uri": uri,
         "run_name": spec.get("run_name") or paths.job_name or run_dir.name,
         "tags": tags,
-        "run_id": spec.get("run_id") or (_earlier_mlflow_run(uri, spec, run_dir) if is_rank_zero() else None),
+        "run_id": spec.get("run_id") or (_earlier_mlflow_run(uri, spec, run_dir, lineage) if is_rank_zero() else None),
         # Where a new experiment of the run dir's own store keeps its artifacts (a server decides its own).
         "artifact_location": spec.get("artifact_location")
         or ((store / "artifacts").as_uri() if uri == local else None),
@@ -459,8 +480,9 @@ def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan) -> Logger:
     return logger
 
 
-def _earlier_mlflow_run(uri: str, spec: dict[str, Any], run_dir: Path) -> str | None:
-    """The MLflow run an earlier attempt of this run dir started (a resume, a requeue), if the store has one."""
+def _earlier_mlflow_run(uri: str, spec: dict[str, Any], run_dir: Path, lineage: str) -> str | None:
+    """The MLflow run an earlier attempt of this training of the run dir started (a resume, a requeue), if the
+    store has one."""
     from mlflow.tracking import MlflowClient
 
     try:
@@ -469,7 +491,9 @@ def _earlier_mlflow_run(uri: str, spec: dict[str, Any], run_dir: Path) -> str | 
         if experiment is None:
             return None
         found = client.search_runs(
-            [experiment.experiment_id], filter_string=f"tags.`{MLFLOW_RUN_DIR_TAG}` = '{run_dir}'", max_results=1
+            [experiment.experiment_id],
+            filter_string=f"tags.`{MLFLOW_RUN_DIR_TAG}` = '{run_dir}' and tags.`{MLFLOW_LINEAGE_TAG}` = '{lineage}'",
+            max_results=1,
         )
     except Exception:  # no store yet, or one that cannot be searched: a new run
         return None
