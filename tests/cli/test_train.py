@@ -220,6 +220,12 @@ def test_debug_presets_run(tiny_data, tmp_path, debug):
     assert result.returncode == 0, result.stderr
     if debug == "profiler":
         assert any((run / "profiler").iterdir())
+    if debug == "fast_dev_run":
+        # A smoke test saves nothing a later run would continue from: the real run in the same dir trains whole.
+        assert not list(run.rglob("*.ckpt"))
+        real = run_cli(TINY, run, tiny_data)
+        assert real.returncode == 0, real.stderr[-2000:]
+        assert json.loads((run / "results.json").read_text())["global_step"] == 4
 
 
 @pytest.mark.parametrize("logger", ["tensorboard", "none"])

@@ -124,3 +124,30 @@ def test_the_objective_s_best_checkpoint_is_tested_whatever_the_order_of_the_cal
         accs = [float(r["val/acc"]) for r in csv.DictReader(f) if r.get("val/acc")]
     assert results["objective"]["value"] == pytest.approx(max(accs))
     assert Path(results["best_checkpoint"]).parent == run / "checkpoints"
+
+
+@pytest.mark.slow
+def test_a_run_continued_from_a_user_s_own_last_checkpoint_logs_each_step_once(tiny_data, tmp_path):
+    """A callbacks group of the user's own in place of the shipped one (as lightning-hydra-template's), whose
+    ModelCheckpoint saved last.ckpt before training ended: the continued run redoes the steps after it, and the
+    history keeps them once (the rows of the attempt that did not survive go, as with the shipped callbacks)."""
+    import csv
+    from collections import Counter
+
+    from conftest import TINY, run_cli
+
+    (tmp_path / "conf" / "callbacks").mkdir(parents=True)
+    (tmp_path / "conf" / "callbacks" / "mine.yaml").write_text(
+        "every_two:\n  _target_: pytorch_lightning.callbacks.ModelCheckpoint\n  every_n_epochs: 2\n"
+        "  save_last: true\n  dirpath: ${hydra:runtime.output_dir}/checkpoints\n"
+    )
+    run = tmp_path / "run"
+    for epochs in (3, 4):  # 4 steps an epoch: last.ckpt at step 8 only, the first attempt ends at step 12
+        done = run_cli([*TINY, "callbacks=mine", f"trainer.max_epochs={epochs}"], run, tiny_data, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((run / "results.json").read_text())["global_step"] == 16
+    with (run / "csv" / "metrics.csv").open() as f:
+        logged = Counter(
+            (r["step"], key) for r in csv.DictReader(f) for key, value in r.items() if value and key != "step"
+        )
+    assert [entry for entry, times in logged.items() if times > 1 and entry[1] != "epoch"] == []

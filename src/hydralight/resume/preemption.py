@@ -132,7 +132,8 @@ class Preemption(Callback):
 
     def _stop(self, trainer: pl.Trainer, requested: int) -> None:
         self._held = None  # acted on here
-        write_checkpoint(trainer, self.checkpoint_path)
+        if not trainer.fast_dev_run:  # type: ignore[attr-defined]  # a smoke test leaves nothing to continue
+            write_checkpoint(trainer, self.checkpoint_path)
         requeued = requested == REQUEUE and trainer.is_global_zero and self._requeue()
         if trainer.is_global_zero:  # one line for the run, not one per rank
             what = "requeued" if requeued else "stopped"

@@ -153,10 +153,15 @@ class FitEnd(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # This attempt trains: what an earlier one ended with is no longer the end (removed where the rank
-        # runs, also in a spawned one).
+        # runs, also in a spawned one), and history after the step it continues from belongs to an attempt that
+        # did not survive (whichever checkpoint callback saved that step: the project's or a user's own).
         self._started_at = trainer.global_step
         if trainer.is_global_zero:
             self.run_dir.fit_end.unlink(missing_ok=True)
+        for logger in trainer.loggers:
+            forget = getattr(logger, "forget_from_step", None)
+            if forget is not None:
+                forget(trainer.global_step)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._ended = True  # before the last checkpoint's own end of training (Lightning calls checkpoints last)
