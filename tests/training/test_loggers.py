@@ -139,3 +139,18 @@ def test_a_logger_of_the_users_is_checked_as_a_callback_is_and_writes_in_the_run
     ran = run_cli([*TINY, "+logger.mine._target_=pytorch_lightning.loggers.CSVLogger"], run, tiny_data)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert (run / "lightning_logs" / "version_0" / "metrics.csv").is_file()
+
+
+def test_wandb_runs_with_the_api_key_of_its_settings_and_records_no_secret(monkeypatch):
+    """`+logger.wandb.settings.api_key=KEY` reaches wandb as given (it was replaced by `<redacted>`, and wandb
+    refused the key); what wandb records (the run's name, tags) stays redacted."""
+    from conftest import plan_of
+
+    from hydralight.training.loggers import wandb_settings
+
+    key = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setattr(sys, "argv", ["train.py", f"+logger.wandb.settings.api_key={key}", "+name=my-secret-run"])
+    spec = {"settings": {"api_key": key}, "name": key, "tags": [key]}
+    settings = wandb_settings(spec, plan_of("logger=wandb"), "offline")
+    assert settings["settings"]["api_key"] == key
+    assert key not in json.dumps({k: v for k, v in settings.items() if k != "settings"})

@@ -309,20 +309,21 @@ def wandb_settings(spec: dict[str, Any], plan: RunPlan, mode: str, lineage: str 
     known = wandb.Settings()  # older releases lack some of these, and refuse settings they do not know
     deadlines = {"init_timeout": WANDB_INIT_TIMEOUT_S, "finish_timeout": WANDB_FINISH_TIMEOUT_S}
     deadlines = {name: seconds for name, seconds in deadlines.items() if hasattr(known, name)}
-    # The name comes from the command line, which may carry a secret's value.
-    return redact(
+    # The name comes from the command line, which may carry a secret's value: what wandb records is redacted.
+    # Its settings (an api_key among them) are what it runs with, not what it records: passed as given.
+    recorded = redact(
         {
-            **spec,
+            **{k: v for k, v in spec.items() if k != "settings"},
             "mode": mode,
             "id": spec.get("id") or hashlib.sha1(f"{run_dir.resolve()}{lineage}".encode()).hexdigest()[:16],
             "resume": "allow",
             "group": spec.get("group") or (Path(paths.sweep_dir).name if paths.sweep_dir else None),
             "name": spec.get("name") or paths.job_name or run_dir.name,
             "tags": list(dict.fromkeys([*spec.get("tags", []), *(plan.config.get("tags") or []), *tags])),
-            "settings": {**deadlines, **(spec.get("settings") or {})},
             "_convert_": "all",  # wandb.init takes its settings as a plain dict, not Hydra's DictConfig
         }
     )
+    return {**recorded, "settings": {**deadlines, **(spec.get("settings") or {})}}
 
 
 def build_loggers(plan: RunPlan, manifest: dict[str, Any] | None = None) -> list[Logger]:
