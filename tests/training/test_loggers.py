@@ -154,3 +154,15 @@ def test_wandb_runs_with_the_api_key_of_its_settings_and_records_no_secret(monke
     settings = wandb_settings(spec, plan_of("logger=wandb"), "offline")
     assert settings["settings"]["api_key"] == key
     assert key not in json.dumps({k: v for k, v in settings.items() if k != "settings"})
+
+
+def test_a_tracker_that_cannot_start_is_said_with_its_cause_not_hydra_s_wrapper():
+    from hydralight.training.loggers import _reason
+
+    try:
+        try:
+            raise OSError(2, "No such file or directory")
+        except OSError as cause:
+            raise RuntimeError("Error in call to target 'hydralight.training.loggers.MLflowRunLogger':") from cause
+    except RuntimeError as err:
+        assert _reason(err) == "No such file or directory"

@@ -292,6 +292,9 @@ def _refusal(where: str, status: int) -> str | None:
 
 
 def _reason(err: object) -> str:
+    # Hydra's instantiate wraps the constructor's error ("Error in call to target '...':"): the cause says why.
+    while isinstance(err, BaseException) and str(err).startswith("Error in call to target") and err.__cause__:
+        err = err.__cause__
     text = getattr(err, "strerror", None) or str(err).strip() or type(err).__name__
     return text.splitlines()[0][:200]
 
