@@ -12,7 +12,9 @@ from hydralight.training.records import Throughput, result_line, run_results
 
 def finished(metrics, metric="val/acc", direction="max", tested=None):
     # The counters run_results reads; no checkpoint callback, so the objective is the last logged value.
-    trainer = SimpleNamespace(global_step=8, current_epoch=2, max_steps=-1, max_epochs=2, checkpoint_callback=None)
+    trainer = SimpleNamespace(
+        global_step=8, current_epoch=2, max_steps=-1, max_epochs=2, checkpoint_callback=None, checkpoint_callbacks=[]
+    )
     if tested is None:
         tested = {k: v for k, v in metrics.items() if k.startswith("test")}
     fitted = {k: v for k, v in metrics.items() if k not in tested}
