@@ -44,6 +44,18 @@ REJECTED = [
     # Hydra's own keys: the run's one composition checks them too.
     ("hydra.job.chdir=maybe", "hydra.job.chdir=maybe is not true or false"),
     ("hydra/launcher=nonesuch", "error: hydra/launcher=nonesuch is not an option of hydra/launcher; use one of basic"),
+    # lightning-hydra-template's habits: said in this project's words.
+    (
+        "trainer=gpu",
+        "trainer=gpu is not an option of trainer; use one of default (lightning-hydra-template's "
+        "trainer=gpu is hardware=1gpu here)",
+    ),
+    ("test=false", "test is lightning-hydra-template's key; this project takes mode=eval resume=<run dir>"),
+    (
+        "callbacks.early_stopping.patience=1",
+        "callbacks.early_stopping belongs to the callbacks option early_stopping, "
+        "which this run does not have: add it first, 'callbacks=[default,early_stopping]'",
+    ),
 ]
 
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydralight.config.folders import user_conf
 from hydralight.config.hydra_internals import hydra_args, sweep_jobs
-from hydralight.config.schema import override_key, planned_trainer_key, template_key
+from hydralight.config.schema import override_key, planned_trainer_key, template_key, unknown_key
 from hydralight.errors import UserError
 from hydralight.rundir.launch import check_writable
 
@@ -562,10 +562,7 @@ def check_composed(cfg: DictConfig) -> None:
         instead = f"set its keys ({name}.KEY=...) instead" if group else f"give it a value ({name}=...)"
         raise UserError(f"~{name} deletes {name}, which every run reads; {instead}")
     if unknown := _added_to_a_schema(cfg):
-        raise UserError(
-            planned_trainer_key(unknown)
-            or f"{unknown} is not a config key; check the spelling (`--cfg job` prints the config)"
-        )
+        raise UserError(planned_trainer_key(unknown) or unknown_key(unknown))
     if unresolved := _unresolvable(cfg):
         raise UserError(unresolved)
 

@@ -91,7 +91,19 @@ TEMPLATE_KEYS = {
     "hydra.sweeper.direction": (OPTUNA_PLUGIN, "objective.direction (max or min)"),
     "hydra.sweeper.search_space": (OPTUNA_PLUGIN, "hydra.sweeper.params"),
     "hydra.sweeper.custom_search_space": (OPTUNA_PLUGIN, "hydra.sweeper.params"),
+    # A run trains, then tests its best checkpoint; testing alone is a mode of its own.
+    "train": (TEMPLATE, "mode=train (the default) or mode=eval resume=<run dir> to only test a trained run"),
+    "test": (TEMPLATE, "mode=eval resume=<run dir> (every training run tests its best checkpoint as it ends)"),
 }
+# lightning-hydra-template's trainer options, which this project's hardware and strategy groups stand for.
+TEMPLATE_TRAINERS = {
+    "gpu": "hardware=1gpu",
+    "cpu": "hardware=cpu",
+    "ddp": "hardware=4gpu (or hardware.devices=N) with strategy=ddp",
+    "ddp_sim": "hardware=cpu hardware.devices=2 strategy=ddp",
+}
+# The groups whose options are added side by side: `group.<option>.KEY=` needs the option in the run first.
+ADDED_GROUPS = {"callbacks": "default", "logger": "csv"}
 
 
 def template_key(key: str) -> str | None:
@@ -321,11 +333,7 @@ def explain(err: BaseException, overrides: list[str]) -> str:
                 f"{name} is not a key of the default {group} config; resume={given['resume']} continues with that "
                 f"run's own config: drop {name}, or name the run's {group}= option too"
             )
-        return (
-            planned_trainer_key(name)
-            or template_key(name)
-            or f"{name} is not a config key; check the spelling (`--cfg job` prints the config)"
-        )
+        return planned_trainer_key(name) or template_key(name) or unknown_key(name)
     if "Config group override must be a string or a list. Got NoneType" in text:
         group = next((k for k, v in given.items() if v in ("null", "None") and "." not in k), None)
         if group is not None:
@@ -335,21 +343,45 @@ def explain(err: BaseException, overrides: list[str]) -> str:
     if m := re.search(r"Could not load '([\w/]+)/([^']+)'", text):  # an option misspelt in a list of them
         group, name = m.group(1).split("/")[-1], m.group(2)
         if options := _options(m.group(1)):
-            return f"{group}={name} is not an option of {group}; use one of {', '.join(options)}"
+            return not_an_option(group, name, ", ".join(options))
     if re.search(r"Invalid value assigned: \w+ is not a ListConfig", text) and key in given:
         return f"{key}={given[key]} is not a list; write {key}=[{given[key]}]"
     if "Config group override must be a string or a list" in text:  # `precision=16`: a number for an option name
         for item in overrides:
             group, _, value = item.lstrip("+~").partition("=")
             if re.fullmatch(r"[\w]+", group) and re.fullmatch(r"[\d.eE+-]+", value) and (options := _options(group)):
-                return f"{group}={value} is not an option of {group}; use one of {', '.join(options)}"
+                return not_an_option(group, value, ", ".join(options))
     if m := re.search(r"Could not find '([\w/]+)/([^']+)'(?s:.*?)Available options in '[\w/]+':\n((?:\t.*\n?)*)", text):
         options = ", ".join(o.strip() for o in m.group(3).split() if o.strip())
         # Hydra's own groups are named with their path on the command line (hydra/launcher=...).
         group = m.group(1) if m.group(1).startswith("hydra/") else m.group(1).split("/")[-1]
-        return f"{group}={m.group(2)} is not an option of {group}; use one of {options}"
+        return not_an_option(group, m.group(2), options)
     first = next((line.strip() for line in str(causes[-1]).splitlines() if line.strip()), type(causes[-1]).__name__)
     return f"{where}: {first}" if where else first
+
+
+def unknown_key(name: str) -> str:
+    """The refusal of a key the config does not have: with the option to add first when it is an option of a
+    group whose options are added side by side (`callbacks.early_stopping.patience=1`)."""
+    group, _, rest = name.partition(".")
+    option = rest.split(".")[0]
+    if group in ADDED_GROUPS and option in _options(group):
+        return (
+            f"{name} belongs to the {group} option {option}, which this run does not have: add it first, "
+            f"'{group}=[{ADDED_GROUPS[group]},{option}]', then set its keys ({group}.{option}.KEY=VALUE)"
+        )
+    return f"{name} is not a config key; check the spelling (`--cfg job` prints the config)"
+
+
+def not_an_option(group: str, name: str, options: str) -> str:
+    """The refusal of `group=name` naming the group's options (and, for another template's habit, this project's
+    way to say it)."""
+    habit = (
+        f" (lightning-hydra-template's trainer={name} is {TEMPLATE_TRAINERS[name]} here)"
+        if (group == "trainer" and name in TEMPLATE_TRAINERS)
+        else ""
+    )
+    return f"{group}={name} is not an option of {group}; use one of {options}{habit}"
 
 
 def _options(group: str) -> list[str]:
