@@ -1,5 +1,6 @@
 """Weights & Biases runs read back from their offline files: metrics, config, plan, the mode, resumption."""
 
+import base64
 import json
 import signal
 import socket
@@ -7,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import HELPERS, TINY, run_cli
+from conftest import HELPERS, IN_CI, TINY, run_cli
 
 sys.path.insert(0, str(HELPERS))
 from wandb_file import records  # noqa: E402
@@ -166,3 +167,46 @@ def test_a_tracker_that_cannot_start_is_said_with_its_cause_not_hydra_s_wrapper(
             raise RuntimeError("Error in call to target 'hydralight.training.loggers.MLflowRunLogger':") from cause
     except RuntimeError as err:
         assert _reason(err) == "No such file or directory"
+
+
+def test_a_tracking_server_is_probed_as_itself_and_without_the_login_in_its_host(tmp_path):
+    """The health probe of an MLflow URI names MLflow (it named wandb), and a login in the URL is sent as a header
+    (urllib took `alice:pw@127.0.0.1` for the host name: 'Name or service not known')."""
+    import http.server
+    import threading
+
+    from hydralight.training.loggers import unanswered
+
+    seen = []
+
+    class NotMLflow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            seen.append(self.headers.get("Authorization"))
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotMLflow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        import urllib.request
+
+        where = f"http://127.0.0.1:{server.server_port}"
+        said = unanswered(urllib.request.Request(f"{where}/health"), where, 5, "MLflow", "MLFLOW_TRACKING_URI")
+        assert (
+            said == f"{where} answered HTTP 404 to the MLflow API: no MLflow server there (a proxy, or a wrong "
+            "MLFLOW_TRACKING_URI)"
+        )
+        if not IN_CI:
+            pytest.importorskip("mlflow", reason="logger=mlflow needs the mlflow extra")
+        from conftest import plan_of
+
+        from hydralight.training.loggers import start_mlflow_logger
+
+        uri = f"http://alice:pw@127.0.0.1:{server.server_port}"
+        plan = plan_of("logger=mlflow", f"logger.mlflow.tracking_uri={uri}", run_dir=tmp_path / "run")
+        start_mlflow_logger(plan.loggers["mlflow"], plan)  # the server says 404: the run dir's own store
+        assert seen[-1] == "Basic " + base64.b64encode(b"alice:pw").decode()
+    finally:
+        server.shutdown()

@@ -3,6 +3,7 @@ experiment trackers `logger=` adds beside it: TensorBoard, Weights & Biases, MLf
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import csv
 import hashlib
@@ -18,7 +19,7 @@ from argparse import Namespace
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from lightning_fabric.utilities.rank_zero import rank_zero_only
 from pytorch_lightning.loggers import Logger, MLFlowLogger, WandbLogger
@@ -247,10 +248,12 @@ def wandb_server_unreachable(timeout: float = WANDB_PROBE_S) -> str | None:
     return unanswered(request, where, timeout)
 
 
-def unanswered(request: urllib.request.Request, where: str, timeout: float) -> str | None:
+def unanswered(
+    request: urllib.request.Request, where: str, timeout: float, service: str = "wandb", setting: str = "WANDB_BASE_URL"
+) -> str | None:
     """Why `request` gets no useful answer within `timeout` seconds (no connection, silence, a 404 or a server
-    error), in words naming `where`; None if it does. Written by hand: urllib's timeout bounds each socket
-    operation, not the whole request, and not name resolution."""
+    error), in words naming `where` (a `service` server, named by `setting`); None if it does. Written by hand:
+    urllib's timeout bounds each socket operation, not the whole request, and not name resolution."""
     outcome: list[str | None] = []
     silent = f"{where} did not answer within {timeout:.0f} s"
 
@@ -259,7 +262,7 @@ def unanswered(request: urllib.request.Request, where: str, timeout: float) -> s
             with urllib.request.urlopen(request, timeout=timeout):
                 outcome.append(None)
         except urllib.error.HTTPError as err:
-            outcome.append(_refusal(where, err.code))
+            outcome.append(_refusal(where, err.code, service, setting))
         except urllib.error.URLError as err:
             if isinstance(err.reason, ssl.SSLCertVerificationError):
                 outcome.append(None)  # it answered; which certificates to trust is wandb's own setting
@@ -278,11 +281,10 @@ def unanswered(request: urllib.request.Request, where: str, timeout: float) -> s
     return outcome[0] if outcome else silent
 
 
-def _refusal(where: str, status: int) -> str | None:
+def _refusal(where: str, status: int, service: str, setting: str) -> str | None:
     if status == 404:
         return (
-            f"{where} answered HTTP 404 to a wandb API request: it is not a wandb server (a proxy, or a wrong "
-            "WANDB_BASE_URL)"
+            f"{where} answered HTTP 404 to the {service} API: no {service} server there (a proxy, or a wrong {setting})"
         )
     if status == 407:
         return f"{where} is a proxy that wants a login (HTTP 407)"
@@ -440,8 +442,13 @@ def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan, lineage: str = "") 
     if uri.startswith(("http://", "https://")) and is_rank_zero():
         parts = urlsplit(uri)
         where = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        health = urllib.request.Request(f"{uri.rstrip('/')}/health", headers={"User-Agent": "hydralight"})
-        if (failure := unanswered(health, where, MLFLOW_PROBE_S)) is not None:
+        # A login in the URL (user:password@host) goes in a header: urllib would take it for part of the host.
+        headers = {"User-Agent": "hydralight"}
+        if parts.username is not None:
+            login = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(login).decode()
+        health = urllib.request.Request(f"{where}{parts.path.rstrip('/')}/health", headers=headers)
+        if (failure := unanswered(health, where, MLFLOW_PROBE_S, "MLflow", "MLFLOW_TRACKING_URI")) is not None:
             print(
                 f"mlflow: {failure}; logging to {store} instead (view it with `mlflow ui --backend-store-uri {local}`)",
                 file=sys.stderr,
