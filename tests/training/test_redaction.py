@@ -70,9 +70,12 @@ def test_a_sweep_writes_no_secret_into_any_file(tiny_data, tmp_path):
 
 def test_a_single_run_writes_no_secret_into_any_file(tiny_data, tmp_path):
     run = tmp_path / "run"
-    result = run_cli([*STEPS, *SECRET_ARGS], run, tiny_data, MY_SERVICE_TOKEN=ENV_SECRET)
+    result = run_cli([*STEPS, *SECRET_ARGS, "+db_password=pw1"], run, tiny_data, MY_SERVICE_TOKEN=ENV_SECRET)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (run / "results.json").is_file() and (run / "train.log").is_file()
+    # A short one too, in every text record (binary files are not searched: 3 bytes turn up in weights by chance).
+    texts = [p for p in run.rglob("*") if p.is_file() and p.suffix in (".yaml", ".json", ".log", ".csv")]
+    assert [str(p) for p in texts if "pw1" in p.read_text()] == []
     assert files_holding_secrets(run, [COMMAND_LINE_SECRET, NESTED_SECRET, ENV_SECRET, DICT_SECRET]) == []
     assert "user: me" in (run / "config.yaml").read_text()  # only the secret is hidden
     assert "HF_TOKEN=<redacted>" in (run / ".hydra" / "overrides.yaml").read_text()
@@ -84,3 +87,14 @@ def test_a_value_under_a_secret_name_is_hidden_at_any_depth():
     config = {"auth": {"api_key": "k-1234", "user": "me", "token": None}, "list": [{"password": 1234}], "seed": 1}
     assert redact(config, []) == {"auth": {"api_key": "<redacted>", "user": "me", "token": None},
                                   "list": [{"password": "<redacted>"}], "seed": 1}  # fmt: skip
+
+
+def test_a_short_secret_is_replaced_where_its_name_sets_it():
+    """A value too short to replace wherever it stands (`pw1` would mangle any text holding those letters) is
+    replaced where a secret's name sets it: Hydra's records of the command line and of the config."""
+    from hydralight.rundir.redaction import redact
+
+    assert redact("db_password: pw1\nlr: 0.1\nmonkey: abc\napi_key: null\n", []) == (
+        "db_password: <redacted>\nlr: 0.1\nmonkey: abc\napi_key: null\n"
+    )
+    assert redact(["+db_password=pw1", "x=pw1"], []) == ["+db_password=<redacted>", "x=pw1"]

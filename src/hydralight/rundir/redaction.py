@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -11,6 +12,11 @@ from typing import Any
 
 # Environment variables whose values never reach a file this project writes.
 SECRET_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
+# `db_password: pw1`, `+db_password=pw1` in a text: a secret's name, then a value of 1 to 3 characters (longer
+# ones are known values, replaced wherever they stand); null, ~ and interpolations are no values to hide.
+_SHORT_ASSIGNED = re.compile(
+    r"(?i)\b((?:\w+_)?(?:key|token|secret|password)\s*[:=]\s*['\"]?)(?!null\b|~|\$\{)([^\s,\]}'\"]{1,3})(?=[\s,\]}'\"]|$)"
+)
 REDACTED = "<redacted>"
 # Hydra's record of a sweep, in the sweep dir: the sweep's config and its command line.
 SWEEP_RECORD = "multirun.yaml"
@@ -97,7 +103,8 @@ def redact(value: Any, secrets: list[str] | None = None) -> Any:
     if isinstance(value, str):
         for secret in secrets:
             value = value.replace(secret, REDACTED)
-        return value
+        # Values too short to replace wherever they stand (`pw1`) are replaced where a secret's name sets them.
+        return _SHORT_ASSIGNED.sub(lambda m: m[1] + REDACTED, value)
     if isinstance(value, dict):  # a value under a secret's name is one, whatever this process was told
         return {k: REDACTED if _is_secret_name(str(k)) and _filled(v) else redact(v, secrets) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -113,20 +120,20 @@ def _filled(value: Any) -> bool:
 def redact_file(path: Path, secrets: list[str] | None = None) -> None:
     """Scrub secrets from a text file already written by someone else (Hydra's records, a log)."""
     secrets = secret_values() if secrets is None else secrets
-    if not secrets or not path.is_file():
+    if not path.is_file():
         return
     text = path.read_text(errors="surrogateescape")
-    if any(s in text for s in secrets):
+    if (scrubbed := redact(text, secrets)) != text:
         # Written beside it and moved over it: a reader never sees half a file.
         temporary = path.with_name(f".{path.name}.redacted")
-        temporary.write_text(redact(text, secrets), errors="surrogateescape")
+        temporary.write_text(scrubbed, errors="surrogateescape")
         os.replace(temporary, path)
 
 
 def redact_files(folder: Path) -> None:
     """Scrub secrets from text files already written (Hydra's record of the command line)."""
     secrets = secret_values()
-    for path in folder.glob("*.yaml") if secrets and folder.is_dir() else ():
+    for path in folder.glob("*.yaml") if folder.is_dir() else ():
         redact_file(path, secrets)
 
 
