@@ -575,7 +575,6 @@ def _unresolvable(cfg: DictConfig) -> str | None:
     from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError
 
     def walk(node: Any, path: str) -> str | None:  # a DictConfig or a ListConfig
-        raw: Any = OmegaConf.to_container(node, resolve=False)
         keys: list[Any] = (
             list(range(len(node))) if isinstance(node, ListConfig) else [k for k in node if k != "hydra" or path]
         )
@@ -588,20 +587,24 @@ def _unresolvable(cfg: DictConfig) -> str | None:
                 if isinstance(child, DictConfig | ListConfig) and (found := walk(child, where)):
                     return found
                 continue
-            written = raw[key]
             try:
                 node[key]
             except InterpolationKeyError as err:
-                return f"{where}={written} names {_missing_key(str(err))}, which is not in the config; fix the name"
+                return f"{where}={_as_written(node, key)} names {_missing_key(str(err))}, which is not in the config; fix the name"
             except InterpolationResolutionError as err:
                 if variable := re.search(r"Environment variable '([^']+)' not found", str(err)):
                     return (
-                        f"{where}={written} reads the environment variable {variable[1]}, which is not set; set "
+                        f"{where}={_as_written(node, key)} reads the environment variable {variable[1]}, which is not set; set "
                         f"it, or give {where} a value"
                     )
         return None
 
     return walk(cfg, "")
+
+
+def _as_written(node: Any, key: Any) -> Any:
+    """An interpolation as written (read only for a refusal: a copy of its node, unresolved)."""
+    return OmegaConf.to_container(node, resolve=False)[key]  # type: ignore[index]
 
 
 def _missing_key(message: str) -> str:
