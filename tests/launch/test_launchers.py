@@ -26,6 +26,45 @@ def test_a_job_s_progress_is_the_step_of_its_last_history_row(tmp_path):
     assert _reached(tmp_path) == ", at step 2"
 
 
+def test_a_requeued_slurm_job_is_waited_for_though_the_accounting_says_its_attempt_ended(tmp_path, monkeypatch):
+    """submitit reads SLURM's accounting, which can hold a requeued job's ended attempt (FAILED) before the job
+    shows as queued again; the sweep asks the controller, waits, and takes the next attempt's result."""
+    import types
+
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from hydra_plugins.hydralight_launchers import PlannedSlurmLauncher
+    from hydralight.launch import launchers
+
+    folder = tmp_path / ".submitit" / "7"
+    folder.mkdir(parents=True)
+    result = folder / "7_0_result.pkl"
+    said = iter(["PENDING", "PENDING", "RUNNING"])  # what squeue answers, poll after poll
+
+    def squeue(args, **kwargs):
+        assert args[:3] == ["squeue", "-h", "-j"] and args[3] == "7"
+        state = next(said, "")
+        if state == "RUNNING":
+            result.write_bytes(b"")  # the second attempt ends with its result
+        return types.SimpleNamespace(returncode=0, stdout=f"{state}\n")
+
+    done = JobReturn(overrides=["seed=1"], _return_value=0, status=JobStatus.COMPLETED)
+    job = types.SimpleNamespace(
+        job_id="7", state="FAILED", done=lambda: True, results=lambda: [done],
+        paths=types.SimpleNamespace(folder=folder, result_pickle=result),
+    )  # fmt: skip
+    monkeypatch.setattr(launchers.subprocess, "run", squeue)
+    monkeypatch.setattr(launchers, "POLL_S", 0.01)
+    launcher = object.__new__(PlannedSlurmLauncher)
+    launcher.config = None
+    assert launcher._wait([job], tmp_path, 0) == [done]
+    assert next(said, None) is None  # asked until the job was running again and its result came
+    # A job the controller no longer holds ended as its accounting says: without a result.
+    failed = types.SimpleNamespace(**{**vars(job), "results": lambda: (_ for _ in ()).throw(RuntimeError("FAILED"))})
+    assert not result.exists()  # an ended job's pickles are forgotten
+    assert launcher._wait([failed], tmp_path, 0) == []
+
+
 @pytest.mark.slow
 def test_a_real_local_launch_gives_each_parallel_gpu_job_its_own_gpu(tiny_data, tmp_path):
     """hydra/launcher=local on a machine with 4 GPUs (faked: CUDA_VISIBLE_DEVICES=0,1,2,3 in the launching shell):

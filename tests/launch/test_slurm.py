@@ -265,7 +265,7 @@ def test_requeued_job_resumes_in_its_own_dir(cluster, tiny_data, tmp_path):
 
 # Before training only submitit's handler is installed, for its own signal (USR2). The warning in the test after
 # training is not here: its job was once counted failed by the waiting sweep before its requeued attempt ran.
-@pytest.mark.parametrize("hold,signal_name", [("SlowStart", "USR2")])
+@pytest.mark.parametrize("hold,signal_name", [("SlowStart", "USR2"), ("SlowTest", "USR2"), ("SlowTest", "USR1")])
 def test_a_job_warned_before_or_after_it_trains_is_requeued_and_runs_again(
     hold, signal_name, cluster, tiny_data, tmp_path
 ):

@@ -47,6 +47,22 @@ POLL_S = 2.0
 HEARTBEAT_S = 30.0
 # The attribute of a job's result (a JobReturn) that carries why the job was refused, back to the sweep.
 REFUSED_ATTR = "hydralight_refused"
+# SLURM states of a job that is not over. A requeued job passes through them while the accounting submitit reads
+# already holds its ended attempt (FAILED, CANCELLED), which submitit then takes as the job's end for good.
+LIVE_STATES = frozenset(
+    [
+        "PENDING",
+        "RUNNING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "CONFIGURING",
+        "COMPLETING",
+        "SUSPENDED",
+        "RESIZING",
+        "SIGNALING",
+    ]
+)
 
 
 @dataclass
@@ -215,6 +231,16 @@ def still_queued(sweep_dir: Path, executor: str, numbers: set[int]) -> list[tupl
         live = set(listed.stdout.split()) if listed.returncode == 0 else set()
         return [(n, job_id) for n, job_id in sorted(ids.items()) if job_id in live]
     return [(n, job_id) for n, job_id in sorted(ids.items()) if job_id.isdigit() and _alive(int(job_id))]
+
+
+def live_state(job_id: str) -> str | None:
+    """The state SLURM's controller holds for a job that is not over (queued again, running), else None."""
+    try:
+        listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None  # no answer: the accounting's word stands
+    states = listed.stdout.split() if listed.returncode == 0 else []
+    return states[0] if states and states[0] in LIVE_STATES else None
 
 
 def _alive(pid: int) -> bool:
@@ -535,6 +561,11 @@ class PlannedLauncherMixin:
                     job, name, job_dir = jobs[i], f"#{first + i}", sweep_dir / str(first + i)
                     state = str(job.state)
                     done = job.done()
+                    # Ended without a result by the accounting, but requeued (the job asked for it as it stopped,
+                    # or the cluster did): its next attempt is the job's end, not this one.
+                    ended_bare = done and self._EXECUTOR == "slurm" and not job.paths.result_pickle.exists()
+                    if ended_bare and (live := live_state(str(job.job_id))):
+                        done, state = False, live
                     if done:
                         try:
                             results[i] = job.results()[0]
