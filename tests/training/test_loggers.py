@@ -157,6 +157,23 @@ def test_wandb_runs_with_the_api_key_of_its_settings_and_records_no_secret(monke
     assert key not in json.dumps({k: v for k, v in settings.items() if k != "settings"})
 
 
+def test_a_sweep_s_wandb_group_holds_its_day_and_time_so_sweeps_of_two_days_stay_apart():
+    import dataclasses
+
+    from conftest import plan_of
+
+    from hydralight.training.loggers import wandb_settings
+
+    plan = plan_of("logger=wandb")
+    groups = []
+    for day in ("2026-12-04", "2026-12-05"):
+        paths = dataclasses.replace(plan.paths, sweep_dir=f"/work/multirun/{day}/11-00-00-000001", job_name="seed=1")
+        groups.append(wandb_settings({}, dataclasses.replace(plan, paths=paths), "offline")["group"])
+    assert groups == ["2026-12-04/11-00-00-000001", "2026-12-05/11-00-00-000001"]
+    assert wandb_settings({"group": "mine"}, plan, "offline")["group"] == "mine"  # the user's own wins
+    assert wandb_settings({}, plan, "offline")["group"] is None  # a single run belongs to no sweep
+
+
 def test_a_tracker_that_cannot_start_is_said_with_its_cause_not_hydra_s_wrapper():
     from hydralight.training.loggers import _reason
 

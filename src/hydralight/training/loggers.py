@@ -301,6 +301,12 @@ def _reason(err: object) -> str:
     return text.splitlines()[0][:200]
 
 
+def sweep_group(sweep_dir: str | None) -> str | None:
+    """A sweep's group in a tracker: its dir's last two folders (`2026-12-05/11-00-00-123456` of the default
+    layout; the time alone would gather the sweeps of different days started at the same second)."""
+    return "/".join(Path(sweep_dir).parts[-2:]) if sweep_dir else None
+
+
 def wandb_settings(spec: dict[str, Any], plan: RunPlan, mode: str, lineage: str = "") -> dict[str, Any]:
     """One wandb run per training: an id from the job dir and its `lineage` (the manifest's: a requeued or
     resumed job continues its run, a fresh start in the same dir gets a new one), grouped by sweep, named by
@@ -322,7 +328,7 @@ def wandb_settings(spec: dict[str, Any], plan: RunPlan, mode: str, lineage: str 
             "mode": mode,
             "id": spec.get("id") or hashlib.sha1(f"{run_dir.resolve()}{lineage}".encode()).hexdigest()[:16],
             "resume": "allow",
-            "group": spec.get("group") or (Path(paths.sweep_dir).name if paths.sweep_dir else None),
+            "group": spec.get("group") or sweep_group(paths.sweep_dir),
             "name": spec.get("name") or paths.job_name or run_dir.name,
             "tags": list(dict.fromkeys([*spec.get("tags", []), *(plan.config.get("tags") or []), *tags])),
             "_convert_": "all",  # wandb.init takes its settings as a plain dict, not Hydra's DictConfig
