@@ -98,3 +98,8 @@ def test_a_short_secret_is_replaced_where_its_name_sets_it():
         "db_password: <redacted>\nlr: 0.1\nmonkey: abc\napi_key: null\n"
     )
     assert redact(["+db_password=pw1", "x=pw1"], []) == ["+db_password=<redacted>", "x=pw1"]
+    # A sweep over short secrets: every value, in a list or a choice, beside a long one replaced already.
+    assert redact("- +db_password=pw1,pw2\n- +api_key=choice(ab,cd)\n- +token=<redacted>,x1\n- y=pw1,pw2\n", []) == (
+        "- +db_password=<redacted>,<redacted>\n- +api_key=choice(<redacted>,<redacted>)\n"
+        "- +token=<redacted>,<redacted>\n- y=pw1,pw2\n"
+    )

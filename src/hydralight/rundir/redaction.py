@@ -13,9 +13,12 @@ from typing import Any
 # Environment variables whose values never reach a file this project writes.
 SECRET_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
 # `db_password: pw1`, `+db_password=pw1` in a text: a secret's name, then a value of 1 to 3 characters (longer
-# ones are known values, replaced wherever they stand); null, ~ and interpolations are no values to hide.
+# ones are known values, replaced wherever they stand), or a sweep's list of them (`=pw1,pw2`, `=choice(a,b)`,
+# some long and already replaced); null, ~ and interpolations are no values to hide.
+_SHORT = r"(?:<redacted>|(?!null\b|~|\$\{)[^\s,()\]}'\"]{1,3})"
 _SHORT_ASSIGNED = re.compile(
-    r"(?i)\b((?:\w+_)?(?:key|token|secret|password)\s*[:=]\s*['\"]?)(?!null\b|~|\$\{)([^\s,\]}'\"]{1,3})(?=[\s,\]}'\"]|$)"
+    rf"(?i)\b((?:\w+_)?(?:key|token|secret|password)\s*[:=]\s*['\"]?(?:choice\()?)({_SHORT}(?:,{_SHORT})*)"
+    r"(?=[\s,)\]}'\"]|$)"
 )
 REDACTED = "<redacted>"
 # Hydra's record of a sweep, in the sweep dir: the sweep's config and its command line.
@@ -104,7 +107,7 @@ def redact(value: Any, secrets: list[str] | None = None) -> Any:
         for secret in secrets:
             value = value.replace(secret, REDACTED)
         # Values too short to replace wherever they stand (`pw1`) are replaced where a secret's name sets them.
-        return _SHORT_ASSIGNED.sub(lambda m: m[1] + REDACTED, value)
+        return _SHORT_ASSIGNED.sub(lambda m: m[1] + ",".join([REDACTED] * len(m[2].split(","))), value)
     if isinstance(value, dict):  # a value under a secret's name is one, whatever this process was told
         return {k: REDACTED if _is_secret_name(str(k)) and _filled(v) else redact(v, secrets) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
