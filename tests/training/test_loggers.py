@@ -54,6 +54,21 @@ def test_resumed_run_continues_the_same_wandb_run(tiny_data, tmp_path):
     assert len(list((run / "wandb").glob("offline-run-*"))) == 2
 
 
+@pytest.mark.slow
+def test_a_continuation_refused_before_it_saves_leaves_the_wandb_folder_as_it_was(tiny_data, tmp_path):
+    """A shorter budget than the finished run's is refused in `fit`, after wandb started: the offline run folder
+    it made (the continued run's id, the refused config) went to the next `wandb sync` of the run."""
+    budget = ["trainer.limit_train_batches=null", "trainer.max_steps=6"]
+    run, _ = wandb_run(tiny_data, tmp_path, *budget)
+    folder = run / "wandb"
+    before = sorted(p.name for p in folder.iterdir()), (folder / "latest-run").readlink()
+    refused = run_cli([*TINY, "logger=wandb", "trainer.limit_train_batches=null", "trainer.max_steps=4"], run,
+                      tiny_data, WANDB_SILENT="true", HOME=str(tmp_path))  # fmt: skip
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "max_steps" in refused.stderr.strip().splitlines()[-1]
+    assert (sorted(p.name for p in folder.iterdir()), (folder / "latest-run").readlink()) == before
+
+
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"
 
 

@@ -10,13 +10,14 @@ import hashlib
 import http.client
 import io
 import os
+import shutil
 import ssl
 import sys
 import threading
 import urllib.error
 import urllib.request
 from argparse import Namespace
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
@@ -533,6 +534,7 @@ def start_wandb_logger(spec: dict[str, Any], plan: RunPlan, lineage: str = "") -
     # would otherwise try the server when the process exits (10 s and more when it does not answer).
     wandb.setup(wandb.Settings(mode=known_wandb_mode(mode)))
     logger = instantiate(wandb_settings(spec, plan, mode, lineage))
+    put_back = _attempt_discarder(logger)
     failure = _start(logger)
     if failure is not None and mode == "online" and explicit_wandb_mode(requested) is None:
         wandb.teardown()  # the failed run still holds its id in wandb's service process
@@ -545,7 +547,36 @@ def start_wandb_logger(spec: dict[str, Any], plan: RunPlan, lineage: str = "") -
             f"wandb could not start a run ({failure}); log offline with {offline_switch(requested)} (upload later "
             "with `wandb sync`), or check WANDB_BASE_URL and your login (`wandb login`)"
         )
+    if put_back is not None:
+        logger.put_back = put_back  # type: ignore[attr-defined]
     return logger
+
+
+def _attempt_discarder(logger: Logger) -> Callable[[], None] | None:
+    """What puts a wandb logger's folder back as it was before this attempt (called for an attempt refused before
+    it saved anything): the run's folder this attempt made goes, which a later `wandb sync` would have sent to
+    the run it continues with the refused attempt's config. A server the attempt reached keeps what it got."""
+    if not isinstance(logger, WandbLogger) or not logger.save_dir:
+        return None
+    folder = Path(logger.save_dir) / "wandb"
+    before = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    latest = folder / "latest-run"
+    pointed = os.readlink(latest) if latest.is_symlink() else None
+
+    def put_back() -> None:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish(exit_code=1)
+        for made in folder.glob("*run-*") if folder.is_dir() else ():
+            if made.name not in before and made.is_dir() and not made.is_symlink():
+                shutil.rmtree(made, ignore_errors=True)
+        if latest.is_symlink() and os.readlink(latest) != pointed:
+            latest.unlink()
+            if pointed is not None:
+                latest.symlink_to(pointed)
+
+    return put_back
 
 
 def _start(logger: Logger) -> str | None:
