@@ -548,7 +548,7 @@ def start_wandb_logger(spec: dict[str, Any], plan: RunPlan, lineage: str = "") -
             "with `wandb sync`), or check WANDB_BASE_URL and your login (`wandb login`)"
         )
     if put_back is not None:
-        logger.put_back = put_back  # type: ignore[attr-defined]
+        logger.put_back = put_back
     return logger
 
 
