@@ -39,3 +39,28 @@ def test_a_validation_that_logs_nothing_trains_without_an_objective(processes, t
     assert results["best_checkpoint"].endswith("last.ckpt")
     measured = {json.loads(p.read_text())["train_batch_size"] for p in (run / "ranks").glob("rank*.json")}
     assert measured == {4 // (2 if processes else 1)}
+
+
+@pytest.mark.slow
+def test_a_new_learning_rate_for_a_module_that_saves_no_hyperparameters_is_applied_on_continuing(tmp_path):
+    """Lightning's DemoModel keeps its rate in an attribute of its own name, in no hparams: a continued run with
+    another `model.learning_rate` trained on at the old rate and said nothing."""
+    import torch
+
+    project = demo_project(tmp_path)
+    (project / "conf" / "model" / "demo.yaml").write_text(
+        "_target_: pytorch_lightning.demos.boring_classes.DemoModel\n"
+    )
+    run, demo = tmp_path / "run", [*BORING, "model=demo"]
+    first = run_cli(demo, run, cwd=project, PYTHONPATH=str(HELPERS))
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_cli(
+        [*demo, "trainer.max_steps=9", "model.learning_rate=0.5"], run, cwd=project, PYTHONPATH=str(HELPERS)
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "learning rate 0.02 -> 0.5: applied to the restored optimizer" in again.stdout + again.stderr
+    assert json.loads((run / "results.json").read_text())["learning_rate_changes"] == [
+        {"step": 6, "from": 0.02, "to": 0.5}
+    ]
+    saved = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert [g["lr"] for g in saved["optimizer_states"][0]["param_groups"]] == [0.5] and saved["global_step"] == 9

@@ -94,6 +94,27 @@ def moved_with_the_run(state: dict[str, Any], dirpath: str) -> None:
         state["best_model_score"] = None
 
 
+def configured_lrs(optimizer_states: Any) -> list[list[float]] | None:
+    """The learning rate each optimizer's parameter groups were configured with (a schedule's starting rate,
+    not where it has taken it), from optimizer states; None when they are not plain optimizer states (a
+    sharded checkpoint's)."""
+    try:
+        return [
+            [float(group.get("initial_lr", group["lr"])) for group in state["param_groups"]]
+            for state in optimizer_states
+        ]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _first_change(saved: list[list[float]], fresh: list[list[float]]) -> tuple[float, float] | None:
+    """The first rate (then, now) that differs, where both runs have the same optimizers and groups."""
+    if [len(g) for g in saved] != [len(g) for g in fresh]:
+        return None
+    pairs = (pair for then, now in zip(saved, fresh, strict=True) for pair in zip(then, now, strict=True))
+    return next(((a, b) for a, b in pairs if a != b), None)
+
+
 class ResumeState(pl.Callback):
     """Saves the run's record, the random state and plain hyperparameters into every checkpoint; checks and
     applies a continued run's changes once Lightning restored the checkpoint (see the module)."""
@@ -104,8 +125,10 @@ class ResumeState(pl.Callback):
         self.finished_before = finished_before  # the run dir holds a finished run: a budget it reached is refused
         self._reached: tuple[int, int] = (0, 0)  # the checkpoint's optimizer steps and completed epochs
         self._restored_schedulers: list[dict[str, Any]] = []
-        self._saved_lr: float | None = None
-        self._apply_lr: tuple[float, float] | None = None
+        self._saved_lrs: list[list[float]] | None = None  # the checkpoint's configured rates, optimizer by group
+        self._saved_lr: float | None = None  # its module's `lr` hyperparameter, where its optimizers' are not plain
+        # The rates to set once the optimizers are restored, and the first change (then, now).
+        self._apply_lr: tuple[list[list[float]], tuple[float, float]] | None = None
         self._checks_on_load = False
         self._lr_changes: list[dict[str, Any]] = []  # a continued run's changes of the learning rate, in order
 
@@ -154,6 +177,7 @@ class ResumeState(pl.Callback):
         if self._lr_changes:
             self.into["learning_rate_changes"] = self._lr_changes
         self._restored_schedulers = list(checkpoint.get("lr_schedulers", []))
+        self._saved_lrs = configured_lrs(checkpoint.get("optimizer_states"))
         self._saved_lr = (checkpoint.get("hyper_parameters") or {}).get("lr")
         if self._checks_on_load:  # fit started before the checkpoint was read: checked now, before it is applied
             self._checks_on_load = False
@@ -196,17 +220,25 @@ class ResumeState(pl.Callback):
                             "trainer.max_epochs/max_steps as they were to continue it, or "
                             f"{new_run_from(source, 'its weights and a fresh schedule')}"
                         )
-        saved_lr, new = self._saved_lr, pl_module.hparams.get("lr")
-        changed = (saved_lr, new) if saved_lr is not None and new is not None and new != saved_lr else None
+        # The rates the module's optimizers start with, against those its checkpoint's were configured with: read
+        # from the optimizers, so a module that keeps its rate under any name (or in no hparams) is compared.
+        fresh = configured_lrs([{"param_groups": optimizer.param_groups} for optimizer in trainer.optimizers])
+        if self._saved_lrs is not None and fresh is not None:
+            changed = _first_change(self._saved_lrs, fresh)
+        else:  # a sharded checkpoint's optimizer states: its module's `lr` hyperparameter, if it keeps one
+            saved_lr, new = self._saved_lr, pl_module.hparams.get("lr")
+            changed = (saved_lr, new) if saved_lr is not None and new is not None and new != saved_lr else None
+            fresh = [[changed[1]] * len(o.param_groups) for o in trainer.optimizers] if changed else None
         if changed and trainer.lr_scheduler_configs:
+            saved_lr, new = changed
             raise UserError(
                 f"the learning rate {new:g} differs from {saved_lr:g} that {source} was trained with, and its "
                 "schedule set its rates when it started; keep optim.lr (and batch.global_size, with lr scaling) as "
                 f"they were, or {new_run_from(source, 'its weights and a fresh optimizer')}"
             )
         self._something_to_train(trainer)
-        if changed:
-            self._apply_lr = changed
+        if changed and fresh is not None:
+            self._apply_lr = (fresh, changed)
 
     def _something_to_train(self, trainer: pl.Trainer) -> None:
         """A finished run continued with a budget it already reached would only test and record again: refused,
@@ -231,10 +263,10 @@ class ResumeState(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._apply_lr is None:
             return
-        old, new = self._apply_lr
-        for optimizer in trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = new
+        fresh, (old, new) = self._apply_lr
+        for optimizer, rates in zip(trainer.optimizers, fresh, strict=True):
+            for group, rate in zip(optimizer.param_groups, rates, strict=True):
+                group["lr"] = rate
         log.info(f"learning rate {old:g} -> {new:g}: applied to the restored optimizer")
         # The run's records give the new rate; each change, and the step it took effect at, travels in the
         # checkpoints and is recorded in results.json.
