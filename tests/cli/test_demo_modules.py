@@ -64,3 +64,23 @@ def test_a_new_learning_rate_for_a_module_that_saves_no_hyperparameters_is_appli
     ]
     saved = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert [g["lr"] for g in saved["optimizer_states"][0]["param_groups"]] == [0.5] and saved["global_step"] == 9
+
+
+@pytest.mark.slow
+def test_a_continuation_whose_module_does_not_fit_its_checkpoint_is_one_line_and_changes_no_record(tmp_path):
+    """DemoModel with another `out_dim` (its hparams hold nothing to compare): torch's size mismatch was a
+    traceback, after the run's config.yaml and manifest.json were rewritten with the settings that failed."""
+    project = demo_project(tmp_path)
+    (project / "conf" / "model" / "demo.yaml").write_text(
+        "_target_: pytorch_lightning.demos.boring_classes.DemoModel\n"
+    )
+    run, demo = tmp_path / "run", [*BORING, "model=demo"]
+    first = run_cli(demo, run, cwd=project, PYTHONPATH=str(HELPERS))
+    assert first.returncode == 0, first.stderr[-3000:]
+    records = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    refused = run_cli([*demo, "trainer.max_steps=9", "model.out_dim=5"], run, cwd=project, PYTHONPATH=str(HELPERS))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the checkpoint does not fit") and "l1.weight" in last, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == records

@@ -191,6 +191,14 @@ def lightning_refusals(accumulation: int = 1) -> Iterator[None]:
             raise UserError(refused[-1][len(SPAWNED_REFUSAL) :]) from None
         _unused_parameters(err)
     except RuntimeError as err:
+        if str(err).startswith("Error(s) in loading state_dict"):  # torch's, as Lightning restores a checkpoint
+            if not is_rank_zero():
+                raise SystemExit(EXIT_USER_ERROR) from None  # every rank reads the same checkpoint; rank 0 says so
+            detail = " ".join(str(err).split("\n", 1)[-1].split())[:240]
+            raise UserError(
+                f"the checkpoint does not fit the module this run builds ({detail}); continue it with the model "
+                "settings it was trained with (its run's config.yaml), or start a new run in a new dir"
+            ) from None
         if str(err).startswith("Dataset not found"):  # torchvision's data sets, as a user's data module reads them
             _data_missing(f"the data set is not there ({_first_line(err)})")
         if str(err).startswith("Error downloading"):  # torchvision's download, every mirror tried
