@@ -74,6 +74,31 @@ def test_a_modules_declarations_decide_its_learning_rate_and_check_its_config(us
         plan_of(*own, "model._target_=test_modules.DeclaresItsLr", "+model.lr=0.1")
 
 
+class BuildsItsOwnNet:
+    """Stands for a user's module with defaults of its own for arguments the classifier's option sets."""
+
+    def __init__(self, net: torch.nn.Module | None = None, label_smoothing: float = 0.05) -> None:
+        self.net, self.label_smoothing = net, label_smoothing
+
+
+class NeedsANet:
+    def __init__(self, net: torch.nn.Module, label_smoothing: float = 0.05) -> None:
+        self.net, self.label_smoothing = net, label_smoothing
+
+
+def test_a_module_named_over_an_option_keeps_its_own_defaults_and_says_which(user_package, capsys):
+    """`model._target_=my.Module` over model=cnn: the option's network and label smoothing reached a module with
+    defaults of its own for them, silently (it was given a SeedCNN where it builds its own network)."""
+    own = plan_of("model._target_=test_modules.BuildsItsOwnNet").model.spec
+    assert own == {"_target_": "test_modules.BuildsItsOwnNet"}
+    (note,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: model._target_=")]
+    assert "keeps its own defaults for net, label_smoothing" in note and "(model=cnn)" in note
+    # An argument it cannot be built without takes the option's value; the command line's stay.
+    needs = plan_of("model._target_=test_modules.NeedsANet", "model.label_smoothing=0.1").model.spec
+    assert needs["net"]["_target_"].endswith("SeedCNN") and needs["label_smoothing"] == 0.1
+    assert "note: model._target_=" not in capsys.readouterr().err
+
+
 def test_the_core_names_no_task():
     # The built-in task's names and its data's sizes live in hydralight.tasks and hydralight.data alone.
     named = re.compile(r"classifier|mnist|\bnet\b|label_smoothing|28, ?28|num_classes.{0,4}10", re.IGNORECASE)

@@ -118,7 +118,9 @@ def bind(
                 f"{override} is given, but {name} takes no {value_name} argument, so it would be ignored; {fix}"
             )
     if pending is not None and "_args_" not in spec:
-        missing = [arg for arg in _required(target) if arg not in spec and arg not in given and arg not in pending]
+        missing = [
+            arg for arg in required_arguments(target) if arg not in spec and arg not in given and arg not in pending
+        ]
         if missing:
             came = f" (its config came from {origin})" if origin else ""
             raise UserError(
@@ -141,7 +143,7 @@ def check_values(spec: Mapping[str, Any], key: str, skip: Collection[str] = ()) 
             check_values(nested, f"{key}.{name}")
 
 
-def _required(target: Any) -> list[str]:
+def required_arguments(target: Any) -> list[str]:
     """The arguments `target(...)` cannot be called without (only its own `__init__`: what it passes on to its
     bases it may fill itself)."""
     try:

@@ -640,18 +640,28 @@ def _lr_chosen(c: DictConfig, job: JobInfo, keys: tuple[str, ...] = ("lr", "lr_s
 
 
 def _without_the_replaced_options_arguments(spec: dict[str, Any], job: JobInfo, group: str) -> dict[str, Any]:
-    """`model._target_=my.Module` (`data._target_=my.DataModule`) on the command line: the arguments the option
-    set for the module it named (a network, `_recursive_: false`, a data folder) that the new one does not take are
-    left out; those given on the command line stay, and are checked against its constructor."""
-    from hydralight.config.binding import accepted_arguments, import_target
+    """`model._target_=my.Module` (`data._target_=my.DataModule`) on the command line over an option: the module's
+    own defaults stand, and the option's values (a network, a data folder) fill only the arguments it cannot be
+    built without; those given on the command line stay, checked against its constructor. An option's value the
+    module would have taken is said in one note (it was passed on silently)."""
+    from hydralight.config.binding import accepted_arguments, import_target, required_arguments
 
     keys = [override_key(item) for item in job.overrides]
     given = {key.split(".")[1] for key in keys if key.startswith(f"{group}.")}
-    names, takes_any = accepted_arguments(import_target(str(spec["_target_"]), f"{group}._target_"))
+    target = import_target(str(spec["_target_"]), f"{group}._target_")
+    names, takes_any = accepted_arguments(target)
     if takes_any:
         return spec
+    needed = set(required_arguments(target))
     # `_recursive_: false` was the replaced module's (it built its nested targets itself); others get theirs built.
-    unused = [k for k in spec if k not in given and k != "_target_" and (k == "_recursive_" or k not in names)]
+    unused = [k for k in spec if k not in given and k != "_target_" and (k == "_recursive_" or k not in needed)]
+    if (own := [k for k in unused if k in names]) and is_rank_zero():
+        print(
+            f"note: {group}._target_={spec['_target_']} keeps its own defaults for {', '.join(own)}, not those of "
+            f"the option it replaces ({group}={job.choices.get(group, '?')}); give one as {group}.{own[0]}=...",
+            file=sys.stderr,
+            flush=True,
+        )
     return {k: v for k, v in spec.items() if k not in unused}
 
 
