@@ -309,8 +309,8 @@ class Resume:
         for key in sorted(set(data) | set(now)):
             if not any(part in key for part in _WHERE_DATA_IS) and data.get(key) != now.get(key):
                 raise UserError(
-                    f"data.{key} differs from the one {source} was trained with ({data.get(key)}, now "
-                    f"{now.get(key)}): the data it trains and validates on would change; keep it to continue that "
+                    f"data.{key} differs from the one {source} was trained with ({data.get(key, 'not set')}, now "
+                    f"{now.get(key, 'not set')}): the data it trains and validates on would change; keep it to continue that "
                     f"run, {new_run}"
                 )
         objective = [self.plan.objective.metric, self.plan.objective.direction]
