@@ -33,10 +33,15 @@ def test_every_group_has_options():
     assert found == set(GROUPS)
 
 
+# The value an option needs from the user (its data), refused by the plan without it.
+NEEDS = {"text": ["data.path=book.txt"], "charlm": ["data.path=book.txt"], "imagefolder": ["data.root=images"]}
+
+
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes_and_plans(group, option):
+    needs = NEEDS.get(option, []) if group in ("data", "experiment") else []
     with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=[f"{group}={option}"], return_hydra_config=True)
+        cfg = compose("train", overrides=[f"{group}={option}", *needs], return_hydra_config=True)
     # Resolve what does not need a running Hydra job.
     cfg.hydra.runtime.output_dir = "/tmp/run"
     cfg.hydra.runtime.cwd = "/tmp"

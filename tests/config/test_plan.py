@@ -418,3 +418,18 @@ def test_weight_averaging_under_fsdp_is_refused_before_anything_starts(averaging
     with pytest.raises(UserError, match=f"callbacks.{averaging} .* strategy=fsdp cannot make"):
         plan_of(f"callbacks=[default,{averaging}]", "hardware=cpu", "hardware.devices=2", "strategy=fsdp")
     assert plan_of(f"callbacks=[default,{averaging}]", "hardware=cpu", "hardware.devices=2", "strategy=ddp")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["experiment=charlm"], "data=text needs the text to train on: data.path=FILE"),
+        (["experiment=charlm", "data.path=x.txt", "data.val_fraction=0.9"], "data.val_fraction=0.9 and"),
+        (["experiment=imagefolder"], "data=imagefolder needs data.root=PATH"),
+    ],
+)
+def test_a_data_module_s_own_check_of_its_config_refuses_the_plan(overrides, said):
+    """A data option that needs a value its config leaves out was refused only as the run built it: `plan=true`
+    (and a sweep's check of every job) said the run was fine."""
+    with pytest.raises(UserError, match=re.escape(said)):
+        plan_of(*overrides)

@@ -6,7 +6,7 @@ and the built-in ones use nothing else:
   default gets the plan's, and one with a default keeps its own unless the run chooses one.
 - `how_it_runs = ("compile", ...)`: constructor arguments that choose how it runs, not what it is (the weights
   are the same): a checkpoint is tested with this run's values of them.
-- `check_config(config)`, a classmethod: refuses values of its config (`raise ValueError("model.x=... is out of
+- `check_config(config)`, a classmethod (of a data module too): refuses values of its config (`raise ValueError("model.x=... is out of
   range: ...")`) before anything is written or launched; the message is the line the user reads.
 - `takes_sample_ids = True`: its batches may carry sample ids (the built-in data modules' last element).
 """

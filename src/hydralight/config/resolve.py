@@ -682,6 +682,7 @@ def _data(c: DictConfig, task: TaskPlan, job: JobInfo) -> DataPlan:
             )
     if override_key(_overridden(job, "data._target_") or "") == "data._target_":
         spec = _without_the_replaced_options_arguments(spec, job, "data")
+    ModuleDeclaration.of(spec).check(spec)  # the data module's own check of its config, as a model's
     offered = {
         "global_size": task.global_size,
         "batch_size": task.per_device_size,

@@ -175,6 +175,15 @@ class ImageFolderDataModule(ImageDataModule):
 
     loaders = ("auto", "tensor", "torchvision")
 
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> None:
+        """Refuse values of its config before anything is built or launched (`plan=true` too)."""
+        if not config.get("root"):
+            raise ValueError("data=imagefolder needs data.root=PATH: a folder holding train/<class>/ and test/<class>/")
+        mode = config.get("mode")
+        if mode is not None and str(mode) not in CHANNELS:
+            raise ValueError(f"data.mode={mode} is not an image mode; use one of {', '.join(CHANNELS)}")
+
     def __init__(
         self,
         root: str | None,
@@ -188,15 +197,15 @@ class ImageFolderDataModule(ImageDataModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(loader=loader, val_size=val_size, **kwargs)
-        if not root:
-            raise UserError("data=imagefolder needs data.root=PATH: a folder holding train/<class>/ and test/<class>/")
-        self.root = Path(root).expanduser()
+        try:
+            self.check_config({"root": root, "mode": mode})
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        self.root = Path(str(root)).expanduser()
         if not self.root.is_dir():
             raise UserError(f"data.root={root} is not a folder; give the folder holding train/ and test/")
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.size = _size(size)
-        if mode is not None and str(mode) not in CHANNELS:
-            raise UserError(f"data.mode={mode} is not an image mode; use one of {', '.join(CHANNELS)}")
         self.mode = None if mode is None else str(mode)
         self.max_memory_gb = max_memory_gb
         self.skip_bad = skip_bad

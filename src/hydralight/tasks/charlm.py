@@ -45,6 +45,25 @@ class TextDataModule(pl.LightningDataModule):
 
     sizes = ("vocab_size", "block_size")
 
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> None:
+        """Refuse values of its config before anything is built or launched (`plan=true` too)."""
+        if not config.get("path"):
+            raise ValueError("data=text needs the text to train on: data.path=FILE (any UTF-8 text file)")
+        block_size = config.get("block_size", 64)
+        if isinstance(block_size, int) and block_size < 1:
+            raise ValueError(f"data.block_size={block_size} must be at least 1")
+        val, test = config.get("val_fraction", 0.1), config.get("test_fraction", 0.1)
+        if (
+            isinstance(val, int | float)
+            and isinstance(test, int | float)
+            and not (0 < val < 1 and 0 < test < 1 and val + test < 1)
+        ):
+            raise ValueError(
+                f"data.val_fraction={val} and data.test_fraction={test} must be between 0 and 1 and leave text "
+                "to train on"
+            )
+
     def __init__(
         self,
         path: str | None,
@@ -58,18 +77,14 @@ class TextDataModule(pl.LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if not path:
-            raise UserError("data=text needs the text to train on: data.path=FILE (any UTF-8 text file)")
-        self.path = Path(path).expanduser()
+        try:
+            self.check_config({"path": path, "block_size": block_size, "val_fraction": val_fraction,
+                               "test_fraction": test_fraction})  # fmt: skip
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        self.path = Path(str(path)).expanduser()
         if not self.path.is_file():
             raise UserError(f"data.path={path} is not a file; give a UTF-8 text file")
-        if block_size < 1:
-            raise UserError(f"data.block_size={block_size} must be at least 1")
-        if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
-            raise UserError(
-                f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} must be between 0 and 1 "
-                "and leave text to train on"
-            )
         self.block_size, self.val_fraction, self.test_fraction = block_size, val_fraction, test_fraction
         self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
         self.drop_last, self.seed = drop_last, seed
