@@ -89,9 +89,24 @@ def test_a_link_in_place_of_the_marker_is_not_followed(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / ".hydralight").symlink_to(outside)
-    with pytest.raises(UserError, match=r"a link to .* \(outside the run dir\)"):
+    with pytest.raises(UserError, match=r"already holds files this project did not write \(\.hydralight\)"):
         check_usable(run, "hydra.run.dir")
     assert outside.read_text() == "keep me"
+
+
+def test_a_folder_of_the_users_with_links_of_its_own_is_refused_as_the_users_not_told_to_drop_them(tmp_path):
+    """A project's own folder as the run dir (its package links its config): the line told the user to remove
+    that link; the folder is not the run's to use, whatever links it holds."""
+    project = tmp_path / "project"
+    (project / "conf").mkdir(parents=True)
+    (project / "src" / "pkg").mkdir(parents=True)
+    (project / "src" / "pkg" / "conf").symlink_to("../../conf")
+    (project / "README.md").write_text("mine")
+    with pytest.raises(UserError) as refused:
+        check_usable(project, "hydra.run.dir")
+    said = str(refused.value)
+    assert "already holds files this project did not write (README.md, conf, src)" in said and "link" not in said
+    assert (project / "src" / "pkg" / "conf").is_symlink()
 
 
 def test_hydras_own_record_is_not_the_users(tmp_path):

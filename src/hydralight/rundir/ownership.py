@@ -125,6 +125,14 @@ def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
     or one holding a link that a run would write through to a file outside it."""
     if path.exists() and not path.is_dir():
         raise UserError(f"{key}={path} is a file, not a folder; give a new folder for the run")
+    if path.is_dir() and _holds_a_sweep(path):
+        raise UserError(
+            f"{key}={path} is the dir of a sweep of this project; a run goes into a dir of its own (a job of the "
+            "sweep continues with the sweep's own -m command): name another folder"
+        )
+    # A folder of the user's first: its links are its own (a project's folder and its config link), not ours to
+    # have removed.
+    _refuse_foreign(key, path, foreign_entries(path, hydra_wrote), "a run dir of this project, to continue its run")
     if path.is_dir() and (link := link_out_of(path)) is not None:
         entry, target = link
         if not target:
@@ -137,12 +145,6 @@ def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
             f"{key}={path} holds {entry.relative_to(path)}, a link to {target} ({where}); a run writes only files of "
             "its own, never through a link, and nothing was written: remove the link"
         )
-    if path.is_dir() and _holds_a_sweep(path):
-        raise UserError(
-            f"{key}={path} is the dir of a sweep of this project; a run goes into a dir of its own (a job of the "
-            "sweep continues with the sweep's own -m command): name another folder"
-        )
-    _refuse_foreign(key, path, foreign_entries(path, hydra_wrote), "a run dir of this project, to continue its run")
 
 
 def _holds_a_sweep(path: Path) -> bool:
