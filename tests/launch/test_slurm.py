@@ -185,7 +185,7 @@ def test_refused_submission_is_one_line(cluster, tiny_data, tmp_path, args, mess
     assert code == 2, output
     errors = [line for line in output.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and re.search(message, errors[0].lower()) and "Traceback" not in output
-    assert errors[0].startswith("error: SLURM refused the job")
+    assert errors[0].startswith("error: SLURM refused the job") and "with the hardware group" in errors[0]
     assert "sbatch: error" not in output  # sbatch's own lines are said once, in that line
     assert not (tmp_path / "sweep").exists()  # nothing submitted: no job scripts or pickles left, no sweep dir
 

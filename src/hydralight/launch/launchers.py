@@ -499,7 +499,11 @@ class PlannedLauncherMixin:
                 discard_refused_sweep(self.config)
                 asked = ", ".join(f"{k}={v}" for k, v in request if v is not None)
                 cancelled = f"; the {len(earlier)} job(s) it had submitted before are cancelled" if earlier else ""
-                raise UserError(f"SLURM refused the job ({asked}): {sbatch_refusal(err)}{cancelled}") from None
+                raise UserError(
+                    f"SLURM refused the job ({asked}): {sbatch_refusal(err)}{cancelled}; ask for what its nodes have "
+                    "(`sinfo -o '%P %c %m %G'`) with the hardware group (hardware.devices, hardware.cpus_per_task, "
+                    "hardware.mem_gb) and where it goes (cluster.partition, cluster.account)"
+                ) from None
             for i, job in zip(indices, submitted, strict=True):
                 jobs[i] = job
                 log.info(
