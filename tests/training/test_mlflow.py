@@ -145,3 +145,14 @@ def test_a_server_that_does_not_answer_leaves_the_run_in_the_run_dir_s_store(tin
     assert len(lines) == 1 and "did not answer within 5 s" in lines[0] and str(run / "mlflow") in lines[0], lines
     (kept,) = runs_of(f"sqlite:///{run / 'mlflow' / 'mlflow.db'}")
     assert kept.info.status == "FINISHED" and "val/acc" in kept.data.metrics
+
+
+def test_no_server_set_keeps_the_run_in_the_run_dir_and_says_so_in_one_line(tiny_data, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = tmp_path / "run"
+    result = run_cli(STEPS, run, tiny_data)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("mlflow: ")]
+    assert len(lines) == 1 and "no tracking server set" in lines[0] and str(run / "mlflow") in lines[0], lines
+    (kept,) = runs_of(f"sqlite:///{run / 'mlflow' / 'mlflow.db'}")
+    assert kept.info.status == "FINISHED"

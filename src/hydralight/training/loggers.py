@@ -436,7 +436,7 @@ def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan, lineage: str = "") 
     so a resumed or requeued job continues it and a fresh start in the same dir gets its own; a sweep's jobs
     tagged with the sweep), on the tracking server of `tracking_uri` or
     MLFLOW_TRACKING_URI. A server that does not answer within 5 s, or none given, keeps the run in the run dir's
-    own `mlruns` store, said in one line."""
+    own store (`mlflow/`), said in one line."""
     require("mlflow", "mlflow", "logger=mlflow")
     from hydra.utils import instantiate
 
@@ -486,6 +486,13 @@ def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan, lineage: str = "") 
     }
     if uri == local and is_rank_zero():
         store.mkdir(parents=True, exist_ok=True)
+        if not (spec.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")):
+            print(
+                f"mlflow: no tracking server set (MLFLOW_TRACKING_URI); logging to {store} (view it with "
+                f"`mlflow ui --backend-store-uri {local}`)",
+                file=sys.stderr,
+                flush=True,
+            )
     try:
         logger = instantiate(redact(settings))  # the run's name comes from the command line: it may hold a secret
         if is_rank_zero():
