@@ -1104,6 +1104,42 @@ def test_batch_progress(tmp_path: Path, max_steps: int, whole_epoch: bool) -> No
     assert Watch.epoch_ends == [whole_epoch], hook.moved(f"is_last_batch at epoch end was {Watch.epoch_ends}")
 
 
+def test_plateau_steps_come_after_the_epoch_end_hooks_and_are_skipped_on_resuming_from_there(tmp_path: Path) -> None:
+    hook = Hook(
+        "pytorch_lightning",
+        "trainer.fit_loop.epoch_loop._num_ready_batches_reached, fit_loop.epoch_progress.current (processed, completed)",
+        "lightning_internals.py, resume/state.py",
+        "a checkpoint saved at an epoch's end carries the plateau steps Lightning skips when it resumes from it",
+    )
+    from hydralight.lightning_internals import plateau_step_pending
+
+    class Plateau(Tiny):
+        def configure_optimizers(self) -> Any:
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+                optimizer, patience=0, threshold=10, threshold_mode="abs"
+            )
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "loss"}}
+
+    class Save(pl.Callback):
+        seen: list[tuple[bool, int]] = []
+
+        def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            scheduler = trainer.lr_scheduler_configs[0].scheduler
+            self.seen.append((plateau_step_pending(trainer), scheduler.last_epoch))
+            trainer.save_checkpoint(tmp_path / "end.ckpt")
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            self.seen.append((plateau_step_pending(trainer), -1))
+
+    tiny_trainer(tmp_path, max_steps=-1, max_epochs=1, callbacks=[Save()]).fit(Plateau())
+    assert Save.seen == [(False, -1)] * 4 + [(True, 0)], hook.moved(f"(pending, steps) were {Save.seen}")
+    resumed = tiny_trainer(tmp_path, max_steps=-1, max_epochs=2)
+    resumed.fit(Plateau(), ckpt_path=tmp_path / "end.ckpt")
+    steps = resumed.lr_scheduler_configs[0].scheduler.last_epoch
+    assert steps == 1, hook.moved(f"resumed from the epoch's end, the plateau scheduler took {steps} step(s), not 1")
+
+
 class Stateful(DataLoader):
     """A training loader with a state, as the project's resumable loader has."""
 

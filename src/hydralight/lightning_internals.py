@@ -433,6 +433,19 @@ def epoch_of_last_step(trainer: pl.Trainer) -> int:
     return max(0, current.started - 1)
 
 
+def plateau_step_pending(trainer: pl.Trainer) -> bool:
+    """Whether fit is at the end of an epoch whose plateau schedulers Lightning has not stepped yet: it steps them
+    after the epoch's last validation and its `on_train_epoch_end` hooks (where checkpoints are saved), and skips
+    that step when it resumes from such a checkpoint (their metric is not in it). `_num_ready_batches_reached`
+    is how Lightning itself decides an epoch has ended; the epoch's progress has `processed` moved past
+    `completed` only between the two."""
+    loop = trainer.fit_loop
+    if trainer.sanity_checking or not loop.epoch_loop._num_ready_batches_reached():
+        return False
+    progress = cast("_ProcessedTracker", loop.epoch_progress.current)
+    return progress.processed > progress.completed or (trainer.validating and progress.processed == progress.completed)
+
+
 class BestCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint, its `{epoch}` the epoch of the checkpoint's last step: the private
     `_monitor_candidates` is where the values of its file name come from (hydralight.training.epochs says why)."""

@@ -186,3 +186,27 @@ def test_a_mistake_in_the_template_s_nested_network_or_data_is_one_line_by_plan_
                                 PYTHONPATH=str(PROJECT)))  # fmt: skip
         assert said in line, (extra, line)
         assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_run_continued_from_an_epoch_end_keeps_the_template_s_plateau_schedule(tiny_data, tmp_path):
+    """The template's ReduceLROnPlateau is stepped after the epoch's end hooks, where the checkpoints are saved;
+    Lightning skips that step when it resumes from one. 2 epochs then a 3rd trained the 3rd at the rate the
+    schedule had cut (to 1e-4) in an uninterrupted run, at 1e-3 after continuing: other weights, silently."""
+    import torch
+
+    cut = [*ARGS, "batch.global_size=32", "model.scheduler.patience=0", "+model.scheduler.threshold_mode=abs",
+           "+model.scheduler.threshold=10"]  # fmt: skip  # every epoch after the first counts as no better: a cut
+    env = {"cwd": PROJECT, "PYTHONPATH": str(PROJECT)}
+    straight, continued = tmp_path / "straight", tmp_path / "continued"
+    for run, budgets in ((straight, [3]), (continued, [2, 3])):
+        for epochs in budgets:
+            result = run_cli([*cut, f"trainer.max_epochs={epochs}"], run, tiny_data, **env)
+            assert result.returncode == 0, result.stderr[-3000:]
+    a, b = (
+        torch.load(r / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        for r in (straight, continued)
+    )
+    assert a["global_step"] == b["global_step"] and a["lr_schedulers"] == b["lr_schedulers"]
+    assert [g["lr"] for g in b["optimizer_states"][0]["param_groups"]] == pytest.approx([1e-4])
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])

@@ -23,6 +23,7 @@ from hydralight.lightning_internals import (
     forget_train_loader,
     loader_state_saved,
     mid_epoch,
+    plateau_step_pending,
     record_loop_state,
     spawned_rank,
 )
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 RECORD = "hydralight"
 LR_CHANGES = "hydralight_lr_changes"  # a continued run's changes of the learning rate, with their steps
+# The plateau schedulers' steps due at the end of the epoch a checkpoint was saved in: their metric, and where
+# each stood (Lightning skips that step when it resumes from there).
+PLATEAU_PENDING = "hydralight_plateau_pending"
 # Scheduler state that fixes the schedule's length (OneCycleLR, CosineAnnealingLR).
 LENGTH_KEYS = ("total_steps", "T_max")
 PLAIN = (type(None), bool, int, float, str)
@@ -95,12 +99,12 @@ def moved_with_the_run(state: dict[str, Any], dirpath: str) -> None:
 
 
 def configured_lrs(optimizer_states: Any) -> list[list[float]] | None:
-    """The learning rate each optimizer's parameter groups were configured with (a schedule's starting rate,
-    not where it has taken it), from optimizer states; None when they are not plain optimizer states (a
+    """The learning rate each optimizer's parameter groups were configured with (a one-cycle schedule's peak, another
+    schedule's starting rate: not where it has taken them), from optimizer states; None when they are not plain optimizer states (a
     sharded checkpoint's)."""
     try:
         return [
-            [float(group.get("initial_lr", group["lr"])) for group in state["param_groups"]]
+            [float(group.get("max_lr", group.get("initial_lr", group["lr"]))) for group in state["param_groups"]]
             for state in optimizer_states
         ]
     except (KeyError, TypeError, ValueError):
@@ -113,6 +117,22 @@ def _first_change(saved: list[list[float]], fresh: list[list[float]]) -> tuple[f
         return None
     pairs = (pair for then, now in zip(saved, fresh, strict=True) for pair in zip(then, now, strict=True))
     return next(((a, b) for a, b in pairs if a != b), None)
+
+
+def _plateau_steps_due(trainer: pl.Trainer) -> list[dict[str, Any]]:
+    """The plateau schedulers' steps Lightning has still to take at the end of this epoch, when a checkpoint is
+    saved there: the metric each is stepped with (as Lightning reads it), the epoch, and its scheduler's count."""
+    if trainer.state.fn != "fit" or not plateau_step_pending(trainer):
+        return []
+    due = []
+    for index, config in enumerate(trainer.lr_scheduler_configs):
+        if not config.reduce_on_plateau or config.interval != "epoch" or (trainer.current_epoch + 1) % config.frequency:
+            continue
+        value = trainer.callback_metrics.get(config.monitor) if config.monitor else None
+        if value is not None:
+            steps = getattr(config.scheduler, "last_epoch", None)
+            due.append({"scheduler": index, "epoch": trainer.current_epoch, "value": float(value), "steps": steps})
+    return due
 
 
 class ResumeState(pl.Callback):
@@ -131,6 +151,7 @@ class ResumeState(pl.Callback):
         self._apply_lr: tuple[list[list[float]], tuple[float, float]] | None = None
         self._checks_on_load = False
         self._lr_changes: list[dict[str, Any]] = []  # a continued run's changes of the learning rate, in order
+        self._plateau_pending: list[dict[str, Any]] = []  # a loaded checkpoint's (PLATEAU_PENDING)
 
     # -- saving ---------------------------------------------------------------------------------------
 
@@ -140,6 +161,8 @@ class ResumeState(pl.Callback):
         checkpoint[RECORD] = self.record
         if self._lr_changes:
             checkpoint[LR_CHANGES] = self._lr_changes
+        if pending := _plateau_steps_due(trainer):
+            checkpoint[PLATEAU_PENDING] = pending
         checkpoint["rng"] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             checkpoint["rng"]["cuda"] = torch.cuda.get_rng_state_all()
@@ -177,6 +200,7 @@ class ResumeState(pl.Callback):
         if self._lr_changes:
             self.into["learning_rate_changes"] = self._lr_changes
         self._restored_schedulers = list(checkpoint.get("lr_schedulers", []))
+        self._plateau_pending = list(checkpoint.get(PLATEAU_PENDING) or [])
         self._saved_lrs = configured_lrs(checkpoint.get("optimizer_states"))
         self._saved_lr = (checkpoint.get("hyper_parameters") or {}).get("lr")
         if self._checks_on_load:  # fit started before the checkpoint was read: checked now, before it is applied
@@ -259,6 +283,19 @@ class ResumeState(pl.Callback):
             )
             refused.before_any_result = True
             raise refused
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The plateau steps due at the end of the epoch the checkpoint was saved in, before the next epoch trains:
+        # each where its scheduler still stands where it did (Lightning skipped it as it resumed).
+        configs, due = trainer.lr_scheduler_configs, []
+        for entry in self._plateau_pending:
+            if trainer.current_epoch <= entry["epoch"]:
+                due.append(entry)  # that epoch is still running (a resume inside it)
+            elif trainer.current_epoch == entry["epoch"] + 1 and entry["scheduler"] < len(configs):
+                scheduler = configs[entry["scheduler"]].scheduler
+                if getattr(scheduler, "last_epoch", None) == entry["steps"]:
+                    pl_module.lr_scheduler_step(scheduler, entry["value"])
+        self._plateau_pending = due
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._apply_lr is None:
