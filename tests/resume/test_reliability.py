@@ -255,3 +255,25 @@ def test_interrupt_at_any_step_then_resume_takes_every_step_once(tiny_data, tmp_
     assert all(torch.equal(a[k], b[k]) for k in a)
     # The history of both attempts is the uninterrupted run's, row for row.
     assert (cut / "csv" / "metrics.csv").read_bytes() == (plain / "csv" / "metrics.csv").read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("during", ["train", "validation"])  # after the last step, in the final validation
+def test_a_run_stopped_as_its_training_ends_then_continued_reports_the_training_s_final_values(
+    tiny_data, tmp_path, during
+):
+    """The continuing attempt trains no step and only tests: its results.json held the test's values alone (the
+    final train and validation values, the objective's among them, were gone)."""
+    plain, cut = tmp_path / "plain", tmp_path / "cut"
+    base = [*TINY, "trainer.limit_train_batches=null", "trainer.max_epochs=3", "seed=2"]
+    assert run_cli(base, plain, tiny_data).returncode == 0
+    signal_at = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=45",
+                 f"+callbacks.zz_signal.during={during}"]  # fmt: skip
+    first = run_cli([*base, *signal_at], cut, tiny_data, PYTHONPATH=str(HELPERS))
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr[-2000:]
+    second = run_cli(base, cut, tiny_data)
+    assert second.returncode == 0, second.stderr[-2000:]
+    ended, expected = (json.loads((run / "results.json").read_text()) for run in (cut, plain))
+    assert ended["metrics"] == expected["metrics"] and {"val/acc", "train/loss_epoch"} <= set(ended["metrics"])
+    assert ended["objective"] == expected["objective"] and ended["epochs"] == expected["epochs"]
+    assert (cut / "csv" / "metrics.csv").read_bytes() == (plain / "csv" / "metrics.csv").read_bytes()

@@ -141,6 +141,16 @@ class HistoryLogger(Logger):
     def row_count(self) -> int:
         return len(self._rows())
 
+    def latest_values(self) -> dict[str, float]:
+        """The last value logged of each metric (what Lightning's `callback_metrics` held for the loggers)."""
+        latest: dict[str, float] = {}
+        for row in self._rows():
+            for key, value in row.items():
+                if key not in ("step", "epoch") and value not in (None, ""):
+                    with contextlib.suppress(ValueError):
+                        latest[key] = float(value)
+        return latest
+
     @rank_zero_only
     def keep_rows(self, count: int) -> None:
         """Keep the first `count` rows (what the history held when training ended): rows an attempt killed

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch.nn import SyncBatchNorm
 
@@ -215,7 +216,16 @@ class FitEnd(pl.Callback):
                 "epochs": earlier.get("epochs", trainer.current_epoch),
                 "stopped_by": earlier["stopped_by"] if "stopped_by" in earlier else stopped_by(trainer),
             }
-        return self._now(trainer)
+        now = self._now(trainer)
+        if history is not None and (logged := history.latest_values()):
+            # Stopped as its training ended, before `fit` did (in the final validation, at the last step): this
+            # attempt logged nothing of the training; the history holds its last values. Written down as the
+            # end, so an attempt after this one (killed in its test) reads them, and its rows, from there.
+            # As Lightning holds a logged number: a tensor of torch's default dtype.
+            now["metrics"] = {**{k: float(torch.tensor(v)) for k, v in logged.items()}, **now["metrics"]}
+            if self.writer:
+                write_json(self.run_dir.fit_end, now)
+        return now
 
 
 def objective_checkpoint(trainer: pl.Trainer, metric: str) -> Any:
