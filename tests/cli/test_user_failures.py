@@ -221,3 +221,16 @@ def test_an_interpolation_that_cannot_resolve_is_one_line_with_nothing_written(t
     # Hydra's own keys resolve where Hydra runs no job: printed, not a traceback.
     printed = run_cli(["--cfg", "job", "--resolve"], tmp_path / "run", cwd=tmp_path)
     assert printed.returncode == 0 and "output_dir: null" in printed.stdout, printed.stderr[-2000:]
+
+
+def test_a_second_model_checkpoint_like_the_run_s_own_is_one_line_and_leaves_no_run_dir(tiny_data, tmp_path):
+    """lightning-hydra-template's ModelCheckpoint (val/acc, max) added beside the run's: Lightning refused the two
+    alike with a traceback, after the run dir and its records were written."""
+    from conftest import TINY
+
+    run = tmp_path / "run"
+    theirs = ["+callbacks.mc._target_=pytorch_lightning.callbacks.ModelCheckpoint", "+callbacks.mc.monitor=val/acc",
+              "+callbacks.mc.mode=max", "+callbacks.mc.save_last=true"]  # fmt: skip
+    line = one_line(run_cli([*TINY, *theirs], run, tiny_data))
+    assert "two callbacks are ModelCheckpoints with the same settings" in line, line
+    assert "callbacks.model_checkpoint.KEY=" in line and not run.exists()

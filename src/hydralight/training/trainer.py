@@ -147,7 +147,18 @@ def build_trainer(
     if not any(isinstance(c, Checkpoint) for c in callbacks):
         options["enable_checkpointing"] = False
     plugins: list[Any] = [AtomicCheckpointIO(), cluster_environment(plan.hardware.world_size)]
-    trainer = pl.Trainer(**options, plugins=plugins, strategy=strategy, callbacks=callbacks, logger=loggers or False)
+    try:
+        trainer = pl.Trainer(**options, plugins=plugins, strategy=strategy, callbacks=callbacks, logger=loggers or False)
+    except RuntimeError as err:
+        twins = re.search(r"more than one stateful callback of type `?(\w+)", str(err))
+        if twins is None:
+            raise
+        raise UserError(
+            f"two callbacks are {twins[1]}s with the same settings (the run's callbacks.model_checkpoint and one of "
+            "yours, as a template adds it): a checkpoint cannot keep their states apart; set the run's own "
+            "(callbacks.model_checkpoint.KEY=...) instead of adding another, or give yours another monitor, mode "
+            "or interval"
+        ) from None
     # With the ones Lightning added (progress bar, timer); its connector sets `callbacks`, the class does not declare it.
     skip_unused_step_hooks(trainer.callbacks)  # type: ignore[attr-defined]
     return trainer
