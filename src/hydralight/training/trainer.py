@@ -148,7 +148,9 @@ def build_trainer(
         options["enable_checkpointing"] = False
     plugins: list[Any] = [AtomicCheckpointIO(), cluster_environment(plan.hardware.world_size)]
     try:
-        trainer = pl.Trainer(**options, plugins=plugins, strategy=strategy, callbacks=callbacks, logger=loggers or False)
+        trainer = pl.Trainer(
+            **options, plugins=plugins, strategy=strategy, callbacks=callbacks, logger=loggers or False
+        )
     except RuntimeError as err:
         twins = re.search(r"more than one stateful callback of type `?(\w+)", str(err))
         if twins is None:
