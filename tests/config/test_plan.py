@@ -244,7 +244,7 @@ OUT_OF_RANGE = [
     ("optim.optimizer.weight_decay=-0.01", "optim.optimizer.weight_decay=-0.01 is out of range"),
     ("seed=-1", "seed=-1 must be an integer from 0 to 2**32-1"),
     ("batch.eval_size=0", "batch.eval_size=0 must be a positive integer"),
-    ("hardware.devices=0", "hardware.devices=0 must be a positive integer"),
+    ("hardware.devices=0", "hardware.devices=0 must be a positive integer or auto"),
 ]
 
 

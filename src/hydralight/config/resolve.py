@@ -296,9 +296,9 @@ def resources(c: DictConfig, machine: Machine) -> tuple[HardwarePlan, FrameworkP
     return hw, fw, _task(c, hw)
 
 
-def _positive_int(value: Any, name: str) -> int:
+def _positive_int(value: Any, name: str, or_auto: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UserError(f"{name}={value} must be a positive integer")
+        raise UserError(f"{name}={value} must be a positive integer{' or auto' if or_auto else ''}")
     return value
 
 
@@ -313,13 +313,13 @@ def _hardware(hw: DictConfig, machine: Machine) -> HardwarePlan:
     devices = hw.devices
     if devices in ("auto", -1):
         devices = machine.gpus if accelerator == "gpu" else 1
-    devices = _positive_int(devices, "hardware.devices")
+    devices = _positive_int(devices, "hardware.devices", or_auto=True)
     num_nodes = _positive_int(hw.num_nodes, "hardware.num_nodes")
     cpus = hw.get("cpus_per_task", "auto")
     if cpus == "auto":
         # Inside a SLURM job the allocation says; elsewhere share this machine's cores.
         cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or max(1, machine.cpu_cores // devices)
-    cpus = _positive_int(cpus, "hardware.cpus_per_task")
+    cpus = _positive_int(cpus, "hardware.cpus_per_task", or_auto=True)
     memory = hw.get("mem_gb", "auto")
     if memory == "auto":
         memory = machine.memory_gb

@@ -330,7 +330,7 @@ def _write(sweep_dir: Path, out_dir: Path, jobs: list[Job], swept: list[str], gr
     lines = [f"# Sweep report: {sweep_dir.name}", ""]
     if groups:
         lines += [
-            f"{len(done)} of {len(jobs)} jobs finished, in {len(groups)} groups of jobs that differ only in "
+            f"{len(done)} of {len(jobs)} jobs finished, in {len(groups)} group{'' if len(groups) == 1 else 's'} of jobs that differ only in "
             f"{', '.join(grouped_keys)}; sorted by the mean best {metric} ({best_first} first; "
             f"{test_counterpart(metric)} is reported, not used to choose). Mean, sample standard deviation (n - 1), "
             "min and max over each group's finished jobs; n counts them, and the jobs that failed or have not "
