@@ -170,7 +170,7 @@ class IdxDataModule(ImageDataModule):
         except (OSError, RuntimeError) as err:  # RuntimeError: torchvision's "Error downloading ..." after every mirror
             for path in made:
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-            reason = str(err).splitlines()[0] if isinstance(err, RuntimeError) else str(err)
+            reason = " ".join(str(err).split())[:400]  # torchvision's: the file, then each mirror and its error
             raise UserError(f"{self.name} not found in {shown} and the download failed ({reason}); {fix}") from None
 
     def _download_would_make(self) -> list[Path]:
