@@ -111,6 +111,8 @@ def test_sbatch_script_follows_the_hardware_profile(hardware, expected, tiny_dat
     for line in expected:
         assert f"#SBATCH {line}\n" in script, script
     assert "#SBATCH --partition=debug" in script and "#SBATCH --signal=USR2@60" in script
+    # The interpreter a real submission runs (this one), not whichever `python` the node finds first.
+    assert f"{sys.executable} -u -m submitit.core._submit" in script, script
 
 
 def sbatch_lines(script: Path) -> set[str]:

@@ -642,7 +642,10 @@ class PlannedLauncherMixin:
             params = executor._convert_parameters({k: v for k, v in asked.items() if not k.startswith(prefix)})
             params.update({k.removeprefix(prefix): v for k, v in asked.items() if k.startswith(prefix)})
             executor._internal_update_parameters(**params)
-            text = executor._make_submission_file_text("python -u -m submitit.core._submit <folder>", "dry-run")
+            # The interpreter a submission runs (submitit's: this one), so the script is the one sbatch would get.
+            text = executor._make_submission_file_text(
+                f"{executor.python} -u -m submitit.core._submit <folder>", "dry-run"
+            )
             for i in indices:
                 path = scripts / f"job{first + i}.sh"
                 path.write_text(text)
