@@ -39,7 +39,9 @@ def exit_on_user_error(fn: F) -> F:
                 raise  # other OS errors are ours to explain
             if os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            print(f"error: {_message(err)}", file=sys.stderr, flush=True)
+            # One write for the line and its end: the ranks of a run refusing at once do not join their lines.
+            sys.stderr.write(f"error: {_message(err)}\n")
+            sys.stderr.flush()
             # SystemExit passes through Hydra's own error reporting untouched.
             raise SystemExit(EXIT_USER_ERROR) from None
 
