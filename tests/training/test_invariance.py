@@ -105,6 +105,11 @@ def test_the_report_names_what_is_not_keyed():
     bn = make_invariant(Classifier(net={"_target_": "hydralight.tasks.nets.FastCNN"}), True, False)
     assert "model.sync_batchnorm=true" in invariance_report(bn, Data(), sync_batchnorm=False)["reasons"][0]
     assert invariance_report(bn, Data(), sync_batchnorm=True)["holds"]
+    # Accumulated micro-batches are normalized one by one, over every rank or not: the record said it held.
+    for synced in (False, True):
+        (accumulated,) = invariance_report(bn, Data(), sync_batchnorm=synced, accumulation=2)["reasons"]
+        assert "each of the 2 micro-batches of a step apart" in accumulated and "batch.max_per_device" in accumulated
+    assert invariance_report(keyed_net, Data(), sync_batchnorm=False, accumulation=4)["holds"]  # no BatchNorm
     unsharded = invariance_report(keyed_net, object(), sync_batchnorm=False)["reasons"]
     assert "no sample ids" in unsharded[0] and "does not shard by rank itself" in unsharded[1]
 

@@ -107,29 +107,47 @@ def batchnorm_advice(model_config: Mapping[str, Any]) -> str:
     return SET_SYNC_BATCHNORM if "sync_batchnorm" in model_config else ADD_SYNC_BATCHNORM
 
 
+def _batchnorm_layers(names: list[str]) -> str:
+    """A network's BatchNorm layers, named (the first few) and counted."""
+    if len(names) == 1:
+        return f"BatchNorm {names[0]}"
+    shown = ", ".join(names[:_NAMED_LAYERS]) + (
+        f" and {len(names) - _NAMED_LAYERS} more" if len(names) > _NAMED_LAYERS else ""
+    )
+    return f"{len(names)} BatchNorm layers ({shown})"
+
+
 def _batchnorm_reason(names: list[str], advice: str) -> str:
     """One reason for all of a network's per-process BatchNorms: the advice is the same for each."""
     if len(names) == 1:
         return f"{names[0]} is a BatchNorm over each process's micro-batch; {advice}"
-    shown = ", ".join(names[:_NAMED_LAYERS]) + (
-        f" and {len(names) - _NAMED_LAYERS} more" if len(names) > _NAMED_LAYERS else ""
-    )
-    return f"{len(names)} BatchNorm layers ({shown}) normalize each process's micro-batch; {advice}"
+    return f"{_batchnorm_layers(names)} normalize each process's micro-batch; {advice}"
 
 
 def invariance_report(
-    model: nn.Module, datamodule: Any, sync_batchnorm: bool, advice: str = SET_SYNC_BATCHNORM
+    model: nn.Module,
+    datamodule: Any,
+    sync_batchnorm: bool,
+    advice: str = SET_SYNC_BATCHNORM,
+    accumulation: int = 1,
 ) -> dict[str, Any]:
-    """Whether 1 and N processes train the same network with this model, data and `model.sync_batchnorm`,
-    and, when not, why (what we cannot key); `advice`: how this run's config turns BatchNorm over every rank on
-    (`batchnorm_advice`)."""
+    """Whether 1 and N processes train the same network with this model, data and `model.sync_batchnorm` as one
+    process taking each step's batch whole, and, when not, why (what we cannot key); `advice`: how this run's
+    config turns BatchNorm over every rank on (`batchnorm_advice`); `accumulation`: the micro-batches of a step."""
     reasons, batchnorms = [], []
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.dropout._DropoutNd):
             reasons.append(f"{name} is torch's {type(module).__name__}: each process draws its own masks")
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and not sync_batchnorm:
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
             batchnorms.append(name)
-    if batchnorms:
+    if batchnorms and accumulation > 1:
+        # Over every rank or not, a BatchNorm normalizes the micro-batch in front of it, never the whole step.
+        reasons.append(
+            f"{_batchnorm_layers(batchnorms)} normalize{'s' if len(batchnorms) == 1 else ''} each of the "
+            f"{accumulation} micro-batches of a step apart, not the step's whole batch: a run that accumulates "
+            "another number of them (batch.max_per_device, other hardware) trains another network"
+        )
+    elif batchnorms and not sync_batchnorm:
         reasons.append(_batchnorm_reason(batchnorms, advice))
     if has_sample_dropout(model) and not getattr(datamodule, "sample_ids", False):
         reasons.append("the batches carry no sample ids (sample_ids = True): per-sample dropout falls back to torch's")
@@ -151,12 +169,15 @@ class InvarianceCheck(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         datamodule = getattr(trainer, "datamodule", None)
-        report = invariance_report(pl_module, datamodule, self.sync_batchnorm, self.advice)
+        report = invariance_report(
+            pl_module, datamodule, self.sync_batchnorm, self.advice, trainer.accumulate_grad_batches
+        )
         self.into["world_size_invariance"] = report
         if not trainer.is_global_zero or report["holds"]:
             return
-        # A note for runs on several processes; a single process has only its record (manifest, results).
-        if trainer.world_size > 1:
+        # A note for runs on several processes or steps of several micro-batches; the reference (one process taking
+        # each step whole) has only its record (manifest, results).
+        if trainer.world_size > 1 or trainer.accumulate_grad_batches > 1:
             log.warning(
                 "1 and N processes do NOT train alike with this model and data: " + "; ".join(report["reasons"])
             )
