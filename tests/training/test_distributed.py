@@ -213,6 +213,28 @@ def test_one_and_two_processes_train_the_same_network(name, tiny_data, tmp_path)
         assert results(two)["objective"]["value"] == pytest.approx(results(one)["objective"]["value"], abs=1e-6)
 
 
+@pytest.mark.slow
+def test_the_logged_step_loss_is_the_whole_step_s_on_any_hardware(tiny_data, tmp_path):
+    """The same steps (float64: the same weights) logged other step losses on 2 processes or with accumulation:
+    rank 0's last micro-batch's (0.663 / 0.667 / 0.766 for one run on 1, 2 and 1 process accumulating 4)."""
+    from conftest import csv_rows
+
+    base = [a for a in TINY if not a.startswith("model=")] + ["model=mlp", "trainer.precision=64-true", "seed=4",
+            "trainer.limit_train_batches=null", "trainer.max_steps=12", "trainer.log_every_n_steps=3"]  # fmt: skip
+    losses = {}
+    for name, extra in {"one": [], "two": ["hardware.devices=2"], "accumulating": ["batch.max_per_device=8"],
+                        "both": ["hardware.devices=2", "batch.max_per_device=8"]}.items():  # fmt: skip
+        result = run_cli([*base, *extra], tmp_path / name, tiny_data)
+        assert result.returncode == 0, result.stderr[-3000:]
+        losses[name] = [
+            (r["step"], float(r["train/loss_step"])) for r in csv_rows(tmp_path / name) if "train/loss_step" in r
+        ]
+    assert len(losses["one"]) >= 4
+    for name in ("two", "accumulating", "both"):
+        assert [s for s, _ in losses[name]] == [s for s, _ in losses["one"]], name
+        assert [v for _, v in losses[name]] == pytest.approx([v for _, v in losses["one"]], rel=1e-9), name
+
+
 def test_torch_dropout_still_trains_and_the_record_says_why_it_is_not_invariant(tiny_data, tmp_path):
     base = [a for a in TINY if not a.startswith("model=")]
     result = run_cli([*base, "model=cnn", "model.invariant_dropout=false"], tmp_path / "run", tiny_data)

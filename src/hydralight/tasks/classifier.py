@@ -154,31 +154,39 @@ class Classifier(pl.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = self.inputs_and_labels(batch)
         loss = F.cross_entropy(self(x), y, label_smoothing=self.hparams["label_smoothing"])
-        # The step value is this rank's, logged as it is; the epoch value is reduced over all ranks and
-        # samples once per epoch (a Metric's forward on every step would cost more than the step itself).
+        # The epoch value is reduced over all ranks and samples once per epoch (a Metric's forward on every step
+        # would cost more than the step itself).
         self.train_loss.update(loss.detach(), len(y))
-        self._log_train_loss(loss.detach(), len(y))
+        self._log_train_loss(loss.detach(), len(y), batch_idx)
         return loss
 
-    def _log_train_loss(self, loss: torch.Tensor, batch_size: int) -> None:
+    def _log_train_loss(self, loss: torch.Tensor, batch_size: int, batch_idx: int) -> None:
         """Hand the loss to Lightning only when it is used: a `self.log` costs more than a cheap step.
 
-        The step value at the steps Lightning writes to the loggers (every `trainer.log_every_n_steps`) and at
-        the last step before a validation or the end, which the run's StepMetricsAtValidation callback writes to
-        the loggers there (curves of short runs have points, and the progress lines show the latest); the epoch
-        Metric once per epoch and trainer,
-        which keeps it in the epoch's results (Lightning computes and resets it at the epoch end) while
-        `update` above accumulates every step.
+        The step value is the mean loss of the step's whole batch (its accumulated micro-batches, over every
+        rank: the same on any hardware, as the step is), at the steps Lightning writes to the loggers (every
+        `trainer.log_every_n_steps`) and at the last step before a validation or the end, which the run's
+        StepMetricsAtValidation callback writes to the loggers there (curves of short runs have points, and the
+        progress lines show the latest); the epoch Metric once per epoch and trainer, which keeps it in the
+        epoch's results (Lightning computes and resets it at the epoch end) while `update` above accumulates
+        every step.
         """
         trainer = self.trainer
-        step = self.global_step + 1  # the optimizer step this batch belongs to
+        total, count = getattr(self, "_step_loss", (0.0, 0))
+        self._step_loss = (total + loss * batch_size, count + batch_size)
+        if (batch_idx + 1) % trainer.accumulate_grad_batches and not trainer.is_last_batch:
+            return  # the step's batch is not whole yet (Lightning's own rule for stepping)
+        (total, count), self._step_loss = self._step_loss, (0.0, 0)
+        step = self.global_step + 1  # the optimizer step this batch ends
         last = trainer.is_last_batch or 0 < trainer.max_steps <= step or trainer.should_stop
         validates = isinstance(trainer.val_check_batch, int) and step % max(1, trainer.val_check_batch) == 0
         # Both set on the Trainer by Lightning's connectors, which its class does not declare.
         every, fast_dev_run = trainer.log_every_n_steps, trainer.fast_dev_run  # type: ignore[attr-defined]
         written = step % max(1, every) == 0 or bool(fast_dev_run)
-        if last or validates or written:
-            self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch_size)
+        if last or validates or written:  # the same steps on every rank: the mean over them is taken there
+            mean = total / count
+            self.log("train/loss_step", mean, on_step=True, on_epoch=False, prog_bar=True, batch_size=count,
+                     sync_dist=trainer.world_size > 1)  # fmt: skip
         epoch = (id(trainer), self.current_epoch)
         if getattr(self, "_train_loss_logged", None) != epoch:
             self._train_loss_logged = epoch
