@@ -210,3 +210,22 @@ def test_a_time_limit_slurm_cannot_keep_is_one_line_before_anything_is_written(m
                              f"hydra.sweep.dir={sweep_dir}", f"hydra.launcher.submitit_folder={tmp_path / 's'}"],
                             tmp_path))  # fmt: skip
     assert said in line and not sweep_dir.exists() and not (tmp_path / "s").exists()
+
+
+def test_local_jobs_side_by_side_asking_for_more_cpus_than_the_machine_has_are_said_so(monkeypatch, caplog):
+    """4 jobs of 2 DDP processes on a 2-core machine: each plan said `1 cpu each`, nothing said they share."""
+    import logging
+    import types
+
+    from hydralight.launch import launchers
+    from hydralight.training import machine
+
+    monkeypatch.setattr(machine, "detect", lambda: types.SimpleNamespace(cpu_cores=2))
+    with caplog.at_level(logging.WARNING, logger=launchers.__name__):
+        launchers._say_if_crowded({(("cpus_per_task", 2), ("nodes", 1)): [0, 1, 2, 3]})
+        (said,) = [r.getMessage() for r in caplog.records]
+        assert "the 4 local jobs run side by side and ask for 8 CPUs together; this machine has 2" in said
+        caplog.clear()
+        launchers._say_if_crowded({(("cpus_per_task", 1), ("nodes", 1)): [0, 1]})  # they fit
+        launchers._say_if_crowded({(("cpus_per_task", 4), ("nodes", 1)): [0]})  # one job: its own plan says it
+        assert not caplog.records

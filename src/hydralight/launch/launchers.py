@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -269,6 +269,21 @@ def job_resources(cfg: DictConfig, executor: str) -> dict[str, Any]:
     return hardware.slurm_resources(one_task=True)
 
 
+def _say_if_crowded(groups: Mapping[tuple[tuple[str, Any], ...], list[int]]) -> None:
+    """Local jobs run side by side: when together they ask for more CPUs than this machine has, each plan's
+    `cpus each` is a share it will not get (its timings neither): said in one line."""
+    from hydralight.training.machine import detect
+
+    asked = sum(int(dict(request).get("cpus_per_task") or 1) * len(indices) for request, indices in groups.items())
+    jobs, cores = sum(len(indices) for indices in groups.values()), detect().cpu_cores
+    if jobs > 1 and asked > cores:
+        log.warning(
+            f"note: the {jobs} local jobs run side by side and ask for {asked} CPUs together; this machine has "
+            f"{cores}: each runs on a share of them (slower, its throughput not comparable); to run them one after "
+            "another, leave hydra/launcher=local out"
+        )
+
+
 def already_finished(cfg: DictConfig, number: int) -> str | None:
     """The result line of job `number` when its dir holds this very job, finished (the sweep run again): its
     own process would only say so. None when it is to run (or its plan says why it cannot, as its job will)."""
@@ -466,6 +481,8 @@ class PlannedLauncherMixin:
         if dry_run:
             writer = script_writer(folder, self._EXECUTOR, max_num_timeout)
             return self._write_scripts(writer, base, groups, sweep_dir, initial_job_idx)
+        if self._EXECUTOR == "local":
+            _say_if_crowded(groups)
         executor = submitit.AutoExecutor(folder=folder, cluster=self._EXECUTOR, **init)
         jobs: list[Any] = [None] * len(arguments)
         submissions: list[tuple[Any, list[int], tuple[int, ...] | None]] = [(r, i, None) for r, i in groups.items()]
