@@ -66,7 +66,10 @@ def test_a_resumed_config_that_writes_outside_its_run_dir_is_refused(tiny_data, 
         assert done.returncode == 0, done.stderr[-2000:]
     before = {p: digest(p) for p in (other / "checkpoints").iterdir()}
     saved = yaml.safe_load((run / "config.yaml").read_text())
-    for key, value in (("dirpath", str(other / "checkpoints")), ("save_dir", str(tmp_path / "elsewhere"))):
+    (tmp_path / "victim.ckpt").write_text("precious")
+    outside = [("dirpath", str(other / "checkpoints")), ("save_dir", str(tmp_path / "elsewhere")),
+               ("filename", "../../victim"), ("filename", str(tmp_path / "victim"))]  # fmt: skip
+    for key, value in outside:
         edited = {
             **saved,
             "callbacks": {
@@ -78,7 +81,7 @@ def test_a_resumed_config_that_writes_outside_its_run_dir_is_refused(tiny_data, 
         line = one_line(run_cli(["resume=" + str(run), "trainer.max_steps=4"], run, tiny_data))
         assert f"would write outside its run dir: callbacks.model_checkpoint.{key}={value}" in line
     assert {p: digest(p) for p in (other / "checkpoints").iterdir()} == before
-    assert not (tmp_path / "elsewhere").exists()
+    assert not (tmp_path / "elsewhere").exists() and (tmp_path / "victim.ckpt").read_text() == "precious"
     for content in ("- a list\n", BOMB):
         (run / "config.yaml").write_text(content)
         assert "config.yaml" in one_line(run_cli(["resume=" + str(run), "trainer.max_steps=4"], run, tiny_data))

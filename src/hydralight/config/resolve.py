@@ -912,6 +912,8 @@ def _writes_outside(value: Any, run_dir: Path, where: str = "") -> str | None:
             target = Path(item) if Path(item).is_absolute() else Path.cwd() / item
             if not target.resolve().is_relative_to(run_dir):
                 return f"{name}={item}"
+        elif key == "filename" and isinstance(item, str) and (Path(item).is_absolute() or ".." in Path(item).parts):
+            return f"{name}={item}"  # a file name is joined to its folder: `../` or a root leaves it
     return None
 
 
