@@ -26,3 +26,29 @@ def test_a_run_that_stayed_where_it_was_is_left_as_saved(tmp_path):
     saved = dict(state)
     moved_with_the_run(state, str(tmp_path))
     assert state == saved
+
+
+def test_a_best_checkpoint_path_leading_out_of_the_folder_is_left_out(tmp_path):
+    """A crafted last.ckpt named a file outside as a best checkpoint (`../`, or a link in the folder): Lightning
+    removed it when a better one came (any file the user could write)."""
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "epoch000.ckpt").write_bytes(b"x")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (folder / "link.ckpt").symlink_to(victim)
+    escape = str(folder / ".." / ".." / "victim.txt")
+    for old in (str(folder), str(tmp_path / "elsewhere" / "checkpoints")):  # saved here, and in a moved run
+        escape_from_old = escape.replace(str(folder), old)
+        state = {
+            "dirpath": old,
+            "best_model_path": escape_from_old,
+            "best_model_score": 0.0,
+            "best_k_models": {escape_from_old: 0.0, f"{old}/link.ckpt": 0.1, f"{old}/epoch000.ckpt": 0.9},
+            "kth_best_model_path": escape_from_old,
+            "last_model_path": "",
+        }
+        moved_with_the_run(state, str(folder))
+        assert state["best_k_models"] == {str(folder / "epoch000.ckpt"): 0.9}, old
+        assert state["best_model_path"] == state["kth_best_model_path"] == "" and state["best_model_score"] is None
+    assert victim.read_text() == "keep me"

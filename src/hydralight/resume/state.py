@@ -75,26 +75,34 @@ def epochs_done(checkpoint: dict[str, Any]) -> int:
 
 
 def moved_with_the_run(state: dict[str, Any], dirpath: str) -> None:
-    """A checkpoint callback's saved state, where the run dir was moved or copied since: its best checkpoints are
-    the ones in this run's checkpoint folder (Lightning would forget them for another folder, and keep a best
-    path into the old one); a file not found here is left out, so nothing is read from or removed in the old."""
+    """A checkpoint callback's saved state, kept to this run's checkpoint folder. Where the run dir was moved or
+    copied since, its best checkpoints are the ones in this folder (Lightning would forget them for another
+    folder, and keep a best path into the old one), and a file not found here is left out, so nothing is read
+    from or removed in the old. Wherever it was saved, a path that leads out of the folder (`../`, a link: a
+    crafted checkpoint) is left out too: Lightning removes a best checkpoint a better one replaces."""
     old = str(state.get("dirpath") or "").rstrip("/")
-    if not old or os.path.realpath(old) == os.path.realpath(dirpath):
-        return
+    moved = bool(old) and os.path.realpath(old) != os.path.realpath(dirpath)
+    inside = os.path.realpath(dirpath) + os.sep
 
     def here(path: Any) -> str | None:
-        if not isinstance(path, str) or not path.startswith(f"{old}/"):
+        if not isinstance(path, str) or not path:
             return None
-        moved = os.path.join(dirpath, path[len(old) + 1 :])
-        return moved if os.path.isfile(moved) else None
+        if moved:
+            if not path.startswith(f"{old}/"):
+                return None
+            path = os.path.join(dirpath, path[len(old) + 1 :])
+            if not os.path.isfile(path):
+                return None
+        return path if os.path.realpath(path).startswith(inside) else None
 
-    state["dirpath"] = dirpath
+    if moved:
+        state["dirpath"] = dirpath
     for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
-        state[key] = here(state.get(key)) or ""
-    state["best_k_models"] = {
-        moved: score for path, score in (state.get("best_k_models") or {}).items() if (moved := here(path))
-    }
-    if not state["best_model_path"]:
+        if state.get(key):
+            state[key] = here(state.get(key)) or ""
+    if isinstance(state.get("best_k_models"), dict):
+        state["best_k_models"] = {kept: score for path, score in state["best_k_models"].items() if (kept := here(path))}
+    if "best_model_path" in state and not state["best_model_path"]:
         state["best_model_score"] = None
 
 
