@@ -41,6 +41,9 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
 RECORD_MAX_BYTES = 8 << 20
 # YAML aliases a record may hold: the project writes none; a few allow a config written by hand.
 _MAX_ALIASES = 64
+# Values a record holds with its aliases expanded (a run's config has a few thousand): fewer aliases than the
+# bound above, each naming a list of the one before, still expand past any memory or time a reader has.
+_MAX_EXPANDED = 200_000
 
 
 def _read_record_bytes(path: Path) -> bytes:
@@ -81,6 +84,22 @@ class _BoundedLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+def _expands_past(data: Any, limit: int) -> bool:
+    """Whether `data` walked as its readers walk it (a shared list once for each place it stands) holds more than
+    `limit` values; stops counting there."""
+    pending, seen = [data], 0
+    while pending:
+        value = pending.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return False
+
+
 def read_yaml_record(path: Path, label: str, kind: type = dict) -> Any:
     """A YAML record of a run dir (config.yaml, plan.yaml: a mapping; Hydra's overrides.yaml: a list, `kind`),
     read as untrusted data (`_read_record_bytes`, a bounded count of aliases); anything else is a UserError
@@ -91,6 +110,8 @@ def read_yaml_record(path: Path, label: str, kind: type = dict) -> Any:
         # reads two records of every job).
         fast = "&" not in text and yaml.__with_libyaml__
         data = yaml.load(text, Loader=yaml.CSafeLoader if fast else _BoundedLoader)  # noqa: S506
+        if not fast and _expands_past(data, _MAX_EXPANDED):
+            raise ValueError(f"its aliases expand to more than {_MAX_EXPANDED} values")
     except FileNotFoundError:
         raise UserError(f"{label}: {path} is missing") from None
     except (OSError, ValueError, RecursionError, yaml.YAMLError) as err:
