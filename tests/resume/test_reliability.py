@@ -156,6 +156,11 @@ def test_malicious_checkpoint_runs_no_code(tiny_data, tmp_path):
     for mode in ("eval", "train"):
         result = run_cli([*TINY, f"mode={mode}", f"ckpt_path={evil}"], tmp_path / f"run-{mode}", tiny_data)
         assert "is not a checkpoint of this project" in one_line(result)
+    # Written by torch.save: torch's own refusal advised loading it with weights_only=False; not repeated.
+    zipped = tmp_path / "zipped.ckpt"
+    torch.save({"state_dict": Payload(marker), "hyper_parameters": {}}, zipped)
+    line = one_line(run_cli([*TINY, "mode=eval", f"ckpt_path={zipped}"], tmp_path / "run-zipped", tiny_data))
+    assert "holds pickled objects other than tensors" in line and "weights_only" not in line, line
     assert not marker.exists()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import pickle
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -58,6 +59,11 @@ def _readable(path: Path, label: str) -> Iterator[None]:
         yield
     except UserError:
         raise
+    except pickle.UnpicklingError:  # torch's weights-only refusal: its advice (load it unsafely) is not repeated
+        raise UserError(
+            f"{label} is not a checkpoint of this project (it holds pickled objects other than tensors and plain "
+            "data, which are never loaded: code could run as they are)"
+        ) from None
     except Exception as err:  # arbitrary bytes make torch.load fail in arbitrary ways
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"{label} is not a checkpoint of this project ({reason[:200]})") from None
