@@ -282,3 +282,19 @@ def test_a_run_stopped_as_its_training_ends_then_continued_reports_the_training_
     assert ended["metrics"] == expected["metrics"] and {"val/acc", "train/loss_epoch"} <= set(ended["metrics"])
     assert ended["objective"] == expected["objective"] and ended["epochs"] == expected["epochs"]
     assert (cut / "csv" / "metrics.csv").read_bytes() == (plain / "csv" / "metrics.csv").read_bytes()
+
+
+def test_an_evaluation_of_a_run_whose_checkpoints_lead_elsewhere_is_refused(tiny_data, tmp_path):
+    """A run dir whose checkpoints/ was swapped for a link to another run's: `mode=eval resume=RUN` tested the
+    other run's weights and named them as this run's."""
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    for run in (mine, other):
+        assert run_cli(TINY, run, tiny_data).returncode == 0
+    import shutil
+
+    shutil.rmtree(mine / "checkpoints")
+    (mine / "checkpoints").symlink_to(other / "checkpoints")
+    for mode in ("eval", "predict"):
+        line = one_line(run_cli([f"mode={mode}", f"resume={mine}"], tmp_path / f"{mode}-out", tiny_data))
+        assert "leads out of the run dir" in line and "ckpt_path=FILE" in line, line
+        assert not (tmp_path / f"{mode}-out").exists()

@@ -994,6 +994,11 @@ def _checkpoint_of_run(run_dir: str) -> str:
     for path in (best, earlier.last):
         # A run dir copied or moved keeps its checkpoints inside: the recorded path may point at the original.
         if path and (inside := earlier.checkpoints / Path(path).name).is_file():
+            if not inside.resolve().is_relative_to(earlier.path.resolve()):  # a link: another run's weights
+                raise UserError(
+                    f"resume={run_dir}: its checkpoint {inside} leads out of the run dir (to {inside.resolve()}), so "
+                    "the weights read would not be that run's; pass the checkpoint itself with ckpt_path=FILE"
+                )
             return str(inside)
         if path and (problem := not_a_checkpoint_file(inside)) and inside.is_dir():
             raise UserError(f"resume={run_dir}: its checkpoint {inside} {problem}")
