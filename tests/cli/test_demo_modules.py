@@ -41,12 +41,8 @@ def test_a_validation_that_logs_nothing_trains_without_an_objective(processes, t
     assert measured == {4 // (2 if processes else 1)}
 
 
-@pytest.mark.slow
-def test_a_new_learning_rate_for_a_module_that_saves_no_hyperparameters_is_applied_on_continuing(tmp_path):
-    """Lightning's DemoModel keeps its rate in an attribute of its own name, in no hparams: a continued run with
-    another `model.learning_rate` trained on at the old rate and said nothing."""
-    import torch
-
+def demo_model_run(tmp_path):
+    """A finished run of Lightning's DemoModel (a `./conf/model/demo.yaml` naming it), and how to continue it."""
     project = demo_project(tmp_path)
     (project / "conf" / "model" / "demo.yaml").write_text(
         "_target_: pytorch_lightning.demos.boring_classes.DemoModel\n"
@@ -54,9 +50,17 @@ def test_a_new_learning_rate_for_a_module_that_saves_no_hyperparameters_is_appli
     run, demo = tmp_path / "run", [*BORING, "model=demo"]
     first = run_cli(demo, run, cwd=project, PYTHONPATH=str(HELPERS))
     assert first.returncode == 0, first.stderr[-3000:]
-    again = run_cli(
-        [*demo, "trainer.max_steps=9", "model.learning_rate=0.5"], run, cwd=project, PYTHONPATH=str(HELPERS)
-    )
+    return run, lambda *more: run_cli([*demo, *more], run, cwd=project, PYTHONPATH=str(HELPERS))
+
+
+@pytest.mark.slow
+def test_a_new_learning_rate_for_a_module_that_saves_no_hyperparameters_is_applied_on_continuing(tmp_path):
+    """Lightning's DemoModel keeps its rate in an attribute of its own name, in no hparams: a continued run with
+    another `model.learning_rate` trained on at the old rate and said nothing."""
+    import torch
+
+    run, continued = demo_model_run(tmp_path)
+    again = continued("trainer.max_steps=9", "model.learning_rate=0.5")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "learning rate 0.02 -> 0.5: applied to the restored optimizer" in again.stdout + again.stderr
     assert json.loads((run / "results.json").read_text())["learning_rate_changes"] == [
@@ -70,15 +74,9 @@ def test_a_new_learning_rate_for_a_module_that_saves_no_hyperparameters_is_appli
 def test_a_continuation_whose_module_does_not_fit_its_checkpoint_is_one_line_and_changes_no_record(tmp_path):
     """DemoModel with another `out_dim` (its hparams hold nothing to compare): torch's size mismatch was a
     traceback, after the run's config.yaml and manifest.json were rewritten with the settings that failed."""
-    project = demo_project(tmp_path)
-    (project / "conf" / "model" / "demo.yaml").write_text(
-        "_target_: pytorch_lightning.demos.boring_classes.DemoModel\n"
-    )
-    run, demo = tmp_path / "run", [*BORING, "model=demo"]
-    first = run_cli(demo, run, cwd=project, PYTHONPATH=str(HELPERS))
-    assert first.returncode == 0, first.stderr[-3000:]
+    run, continued = demo_model_run(tmp_path)
     records = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    refused = run_cli([*demo, "trainer.max_steps=9", "model.out_dim=5"], run, cwd=project, PYTHONPATH=str(HELPERS))
+    refused = continued("trainer.max_steps=9", "model.out_dim=5")
     assert refused.returncode == 2, refused.stderr[-3000:]
     last = refused.stderr.strip().splitlines()[-1]
     assert last.startswith("error: the checkpoint does not fit") and "l1.weight" in last, refused.stderr[-3000:]

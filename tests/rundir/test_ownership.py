@@ -2,6 +2,7 @@
 A refused run removes only what its own attempt added."""
 
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -289,3 +290,22 @@ def test_a_refused_run_in_hydras_own_dated_folder_leaves_no_empty_outputs_folder
     named = [*default, "hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}"]
     assert "val/no_such" in one_line(run_python(named, env, cwd=tmp_path))
     assert [p.name for p in tmp_path.iterdir()] == ["outputs"] and list((tmp_path / "outputs").iterdir()) == []
+
+
+def test_a_folder_holding_only_files_named_as_a_sweep_s_is_the_users(tmp_path):
+    """A folder with the user's own multirun.yaml (or jobs.json) and nothing else was taken for a sweep dir of an
+    earlier version, and Hydra rewrote the file; beside this project's job dirs those names are a sweep's."""
+    from hydralight.rundir.ownership import check_sweep_usable
+
+    for name in ("multirun.yaml", "jobs.json", "report.md", "curves.png"):
+        mine = tmp_path / name.replace(".", "_")
+        mine.mkdir()
+        (mine / name).write_text("mine\n")
+        with pytest.raises(UserError, match=f"already holds files this project did not write \\({name}\\)"):
+            check_sweep_usable(mine)
+    earlier = tmp_path / "earlier"
+    (earlier / "0").mkdir(parents=True)
+    manifest = {"status": "finished", "run_dir": str(earlier / "0"), "started_at": "2026-01-01T00:00:00"}
+    (earlier / "0" / "manifest.json").write_text(json.dumps(manifest))
+    (earlier / "multirun.yaml").write_text("hydra: {}\n")
+    check_sweep_usable(earlier)  # an earlier version's sweep: its job dir and its record

@@ -176,13 +176,14 @@ def check_sweep_usable(path: Path, key: str = "hydra.sweep.dir") -> None:
         )
     if _mark(path) is not None:
         return
+    names = _entries(path)
+    jobs = {n for n in names if (path / n).is_dir() and not (path / n).is_symlink() and is_project_dir(path / n)}
+    # A sweep's own files are taken for an earlier version's beside its job dirs only: alone, they are the
+    # user's (a multirun.yaml of theirs was rewritten).
     found = [
         name
-        for name in _entries(path)
-        if name not in _SWEEP_WRITES
-        and name != MARK
-        and not name.endswith(".png")
-        and not ((path / name).is_dir() and not (path / name).is_symlink() and is_project_dir(path / name))
+        for name in names
+        if name != MARK and name not in jobs and not (jobs and (name in _SWEEP_WRITES or name.endswith(".png")))
     ]
     _refuse_foreign(key, path, found, "a sweep dir of this project, to continue its sweep")
 
