@@ -24,6 +24,14 @@ class UserError(Exception):
     saved_something: bool = False  # refused after the attempt saved a checkpoint: its record and log stay
 
 
+def run_config_check(check: Callable[[dict[str, Any]], None], config: dict[str, Any]) -> None:
+    """Run a module's `check_config(config)`: the ValueError it raises is the one line a user reads."""
+    try:
+        check(config)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
 def exit_on_user_error(fn: F) -> F:
     """Turn a `UserError` raised by `fn` into `error: <message>` on stderr and exit code 2.
 

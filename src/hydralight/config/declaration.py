@@ -17,7 +17,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from hydralight.errors import UserError
+from hydralight.errors import UserError, run_config_check
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,4 @@ class ModuleDeclaration:
         """The module's own check of its config: a refusal is one line."""
         checker = getattr(self.target, "check_config", None)
         if callable(checker):
-            try:
-                checker({k: v for k, v in spec.items() if not k.startswith("_")})
-            except ValueError as err:
-                raise UserError(str(err)) from None
+            run_config_check(checker, {k: v for k, v in spec.items() if not k.startswith("_")})

@@ -27,7 +27,7 @@ from torchvision.datasets.folder import has_file_allowed_extension, make_dataset
 from hydralight.data.decode_cache import cached
 from hydralight.data.files import CHANNELS, IMAGE_FILES, BadImage, decode
 from hydralight.data.images import ImageDataModule
-from hydralight.errors import UserError
+from hydralight.errors import UserError, run_config_check
 
 log = logging.getLogger(__name__)
 
@@ -197,10 +197,7 @@ class ImageFolderDataModule(ImageDataModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(loader=loader, val_size=val_size, **kwargs)
-        try:
-            self.check_config({"root": root, "mode": mode})
-        except ValueError as err:
-            raise UserError(str(err)) from None
+        run_config_check(self.check_config, {"root": root, "mode": mode})
         self.root = Path(str(root)).expanduser()
         if not self.root.is_dir():
             raise UserError(f"data.root={root} is not a folder; give the folder holding train/ and test/")

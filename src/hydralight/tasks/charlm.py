@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from hydralight.errors import UserError
+from hydralight.errors import UserError, run_config_check
 
 
 class TextBlocks(Dataset):
@@ -77,11 +77,8 @@ class TextDataModule(pl.LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        try:
-            self.check_config({"path": path, "block_size": block_size, "val_fraction": val_fraction,
-                               "test_fraction": test_fraction})  # fmt: skip
-        except ValueError as err:
-            raise UserError(str(err)) from None
+        run_config_check(self.check_config, {"path": path, "block_size": block_size, "val_fraction": val_fraction,
+                                         "test_fraction": test_fraction})  # fmt: skip
         self.path = Path(str(path)).expanduser()
         if not self.path.is_file():
             raise UserError(f"data.path={path} is not a file; give a UTF-8 text file")

@@ -22,7 +22,7 @@ from torch import nn
 from torchmetrics import MeanMetric, Metric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from hydralight.errors import UserError
+from hydralight.errors import UserError, run_config_check
 from hydralight.tasks.nets import MNIST_SHAPE, build_net
 
 ADAM = {"_target_": "torch.optim.Adam", "_partial_": True}
@@ -71,10 +71,7 @@ class Classifier(pl.LightningModule):
         channels_last: bool = False,
     ) -> None:
         super().__init__()
-        try:
-            self.check_config({"label_smoothing": label_smoothing})
-        except ValueError as err:
-            raise UserError(str(err)) from None
+        run_config_check(self.check_config, {"label_smoothing": label_smoothing})
         self.save_hyperparameters(ignore=list(self.how_it_runs))
         if isinstance(net, nn.Module):  # built already (a config instantiated recursively): sized by its own config
             self.net = net

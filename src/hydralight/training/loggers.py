@@ -456,6 +456,7 @@ def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan, lineage: str = "") 
     store = run_dir / MLFLOW_LOCAL
     local = f"sqlite:///{store / 'mlflow.db'}"  # MLflow 3 keeps a file store for old data only
     uri = spec.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or local
+    why = "no tracking server set (MLFLOW_TRACKING_URI)"  # why the run is kept in the run dir's own store
     if uri.startswith(("http://", "https://")) and is_rank_zero():
         parts = urlsplit(uri)
         where = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
@@ -466,12 +467,7 @@ def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan, lineage: str = "") 
             headers["Authorization"] = "Basic " + base64.b64encode(login).decode()
         health = urllib.request.Request(f"{where}{parts.path.rstrip('/')}/health", headers=headers)
         if (failure := unanswered(health, where, MLFLOW_PROBE_S, "MLflow", "MLFLOW_TRACKING_URI")) is not None:
-            print(
-                f"mlflow: {failure}; logging to {store} instead (view it with `mlflow ui --backend-store-uri {local}`)",
-                file=sys.stderr,
-                flush=True,
-            )
-            uri = local
+            uri, why = local, failure
     hw, fw, paths = plan.hardware, plan.framework, plan.paths
     tags = {
         **(spec.get("tags") or {}),
@@ -496,13 +492,8 @@ def start_mlflow_logger(spec: dict[str, Any], plan: RunPlan, lineage: str = "") 
     }
     if uri == local and is_rank_zero():
         store.mkdir(parents=True, exist_ok=True)
-        if not (spec.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")):
-            print(
-                f"mlflow: no tracking server set (MLFLOW_TRACKING_URI); logging to {store} (view it with "
-                f"`mlflow ui --backend-store-uri {local}`)",
-                file=sys.stderr,
-                flush=True,
-            )
+        print(f"mlflow: {why}; logging to {store} (view it with `mlflow ui --backend-store-uri {local}`)",
+              file=sys.stderr, flush=True)  # fmt: skip
     try:
         logger = instantiate(redact(settings))  # the run's name comes from the command line: it may hold a secret
         if is_rank_zero():

@@ -205,13 +205,11 @@ def lightning_refusals(accumulation: int = 1) -> Iterator[None]:
         _unused_parameters(err)
     except RuntimeError as err:
         if str(err).startswith("Error(s) in loading state_dict"):  # torch's, as Lightning restores a checkpoint
-            if not is_rank_zero():
-                raise SystemExit(EXIT_USER_ERROR) from None  # every rank reads the same checkpoint; rank 0 says so
             detail = " ".join(str(err).split("\n", 1)[-1].split())[:240]
-            raise UserError(
+            _refused_on_every_rank(
                 f"the checkpoint does not fit the module this run builds ({detail}); continue it with the model "
                 "settings it was trained with (its run's config.yaml), or start a new run in a new dir"
-            ) from None
+            )
         if str(err).startswith("Dataset not found"):  # torchvision's data sets, as a user's data module reads them
             _data_missing(f"the data set is not there ({_first_line(err)})")
         if str(err).startswith("Error downloading"):  # torchvision's download, every mirror tried
@@ -220,14 +218,12 @@ def lightning_refusals(accumulation: int = 1) -> Iterator[None]:
     except TypeError as err:
         if "inject a (distributed) sampler" not in str(err):
             raise
-        if not is_rank_zero():
-            raise SystemExit(EXIT_USER_ERROR) from None  # every rank has that loader; rank 0 says so
-        raise UserError(
+        _refused_on_every_rank(
             "the data module's training loader has a batch sampler that Lightning cannot split over the processes "
             "(it does not subclass torch's BatchSampler); let the data module shard its loaders by rank itself "
             "(trainer.global_rank, trainer.world_size) and say so with `shards_by_rank = True` on its class, or run "
             "on 1 process"
-        ) from None
+        )
     except urllib.error.URLError as err:  # a data module's own download
         _data_missing(f"the data could not be downloaded ({err})")
     except (FileNotFoundError, NotADirectoryError) as err:  # a path of the data config (a user's data module)
@@ -235,9 +231,7 @@ def lightning_refusals(accumulation: int = 1) -> Iterator[None]:
         opener = _opened_outside_the_data(err)
         if opener is None:
             _data_missing(f"{missing}, where the run reads its data)")
-        if not is_rank_zero():
-            raise SystemExit(EXIT_USER_ERROR) from None
-        raise UserError(f"{missing}, opened by {opener}); check the path its config gives, or make it") from None
+        _refused_on_every_rank(f"{missing}, opened by {opener}); check the path its config gives, or make it")
     except ValueError as err:
         counts = re.match(r"`val_check_interval` \((\d+)\).*?\((\d+)\)", str(err).strip())
         if counts is None:
@@ -274,10 +268,16 @@ def _opened_outside_the_data(err: BaseException) -> str | None:
     return f"{frame.f_code.co_qualname} ({frame.f_code.co_filename}:{frame.f_lineno})"
 
 
-def _data_missing(what: str) -> NoReturn:
+def _refused_on_every_rank(message: str) -> NoReturn:
+    """A refusal every rank meets alike (the same settings, data and checkpoint): rank 0 says it, for the run,
+    and the others leave quietly."""
     if not is_rank_zero():
-        raise SystemExit(EXIT_USER_ERROR) from None  # every rank misses it; rank 0 says so
-    raise UserError(f"{what}; check the path the data config gives (data.*), or put the files there") from None
+        raise SystemExit(EXIT_USER_ERROR) from None
+    raise UserError(message) from None
+
+
+def _data_missing(what: str) -> NoReturn:
+    _refused_on_every_rank(f"{what}; check the path the data config gives (data.*), or put the files there")
 
 
 # How a spawned rank's UserError ends the text of the exception its parent receives.
@@ -290,13 +290,10 @@ def _unused_parameters(err: BaseException) -> None:
     line instead. Any other error is raised as it is."""
     if not UNUSED_PARAMETERS.search(str(err)):
         raise err
-    if not is_rank_zero():
-        # Every rank fails alike; rank 0 says it, for the job, and the others leave quietly.
-        raise SystemExit(EXIT_USER_ERROR) from None
-    raise UserError(
+    _refused_on_every_rank(
         "DDP found parameters that received no gradient in a training step (some of the module's parameters "
         "are not used in its loss, or only by another optimizer); set strategy.find_unused_parameters=true"
-    ) from None
+    )
 
 
 def _first_line(err: BaseException) -> str:
