@@ -1371,6 +1371,29 @@ def test_the_ranks_watch_stops_the_ranks_and_leaves_this_process_to_end_its_job(
     assert stuck._run() is True and killed == [(os.getpid(), signal.SIGKILL)], hook.moved("no kill after the grace")
 
 
+@pytest.mark.parametrize(
+    "strategy, method", [("DDPStrategy", "setup_distributed"), ("ModelParallelStrategy", "_setup_distributed")]
+)
+def test_the_process_group_forms_in_the_method_the_ranks_meet_before(strategy: str, method: str) -> None:
+    """The launching rank waits for the ranks it started before the group forms: in the method that forms it."""
+    import inspect
+
+    import pytorch_lightning.strategies as strategies
+
+    hook = Hook(
+        "pytorch_lightning",
+        f"{strategy}.{method} -> _init_dist_connection / _timeout",
+        "lightning_internals.py",
+        "refusing at once when a started rank ended before the process group formed",
+    )
+    cls = getattr(strategies, strategy)
+    assert callable(getattr(cls, method, None)), hook.moved(f"{strategy} has no {method}")
+    assert "_init_dist_connection(" in inspect.getsource(getattr(cls, method)), hook.moved("the group forms elsewhere")
+    kwargs = {"data_parallel_size": 2, "tensor_parallel_size": 1} if strategy == "ModelParallelStrategy" else {}
+    timeout = dig(cls(**kwargs), "_timeout")
+    assert timeout is None or hasattr(timeout, "total_seconds"), hook.moved(f"_timeout is {timeout!r}")
+
+
 # --- torch and torchmetrics details -----------------------------------------------------------------------------
 
 

@@ -7,12 +7,15 @@ touch the way the project uses it and names this module when one moves.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +29,8 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
 from pytorch_lightning.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from pytorch_lightning.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+from hydralight.errors import UserError
 
 if TYPE_CHECKING:
     from pytorch_lightning.loops.progress import _ProcessedTracker, _StartedTracker
@@ -332,8 +337,9 @@ class JobScriptLauncher(_SubprocessScriptLauncher):
         )
         plan_file, waiting = self.ranks.plan_file, self.ranks.early
         early = waiting if len(waiting) == self.num_processes - 1 else []
+        self.ready_dir = Path(tempfile.mkdtemp(prefix="hydralight-ranks-"))
         for local_rank in range(1, self.num_processes):
-            child_env = {**os.environ, "LOCAL_RANK": str(local_rank)}
+            child_env = {**os.environ, "LOCAL_RANK": str(local_rank), READY_DIR_VARIABLE: str(self.ready_dir)}
             if early:  # started while this rank prepared, its imports done: told what to run
                 proc = early.pop(0)
                 assert proc.stdin is not None  # started with a pipe to read this from
@@ -344,6 +350,42 @@ class JobScriptLauncher(_SubprocessScriptLauncher):
                 proc = subprocess.Popen(command, env=child_env)
             self.procs.append(proc)
         self.ranks.children.extend(self.procs)
+
+
+# Where the ranks a job started mark that they reached the process group (a folder of the launching rank's).
+READY_DIR_VARIABLE = "HYDRALIGHT_RANKS_READY"
+
+
+def _meet_started_ranks(launcher: Any, timeout_s: float) -> None:
+    """On the launching rank, before the process group forms: wait until every rank it started has marked that
+    it reached the group too, and refuse at once when one ended before that. torch waits for a missing rank in
+    C++ for the whole timeout (30 minutes), deaf to signals, so a rank that failed while it started (its module
+    not importable there, its data missing) held the job, and a sweep's next jobs, until the watch killed it."""
+    if not isinstance(launcher, JobScriptLauncher) or not getattr(launcher, "procs", None):
+        return
+    ready_dir: Path = launcher.ready_dir
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            for local_rank, proc in enumerate(launcher.procs, start=1):
+                if proc.poll() is not None and not (ready_dir / str(local_rank)).exists():
+                    raise UserError(
+                        f"rank {local_rank} of this job ended (exit code {proc.returncode}) before the job's ranks "
+                        "met: its own lines above say why; a rank runs the same code and config as rank 0, on its "
+                        "own process"
+                    )
+            if all((ready_dir / str(rank)).exists() for rank in range(1, len(launcher.procs) + 1)):
+                return
+            time.sleep(0.05)
+    finally:
+        shutil.rmtree(ready_dir, ignore_errors=True)
+
+
+def _say_ready() -> None:
+    """On a started rank: mark that it reached the process group (see `_meet_started_ranks`)."""
+    if (ready_dir := os.environ.get(READY_DIR_VARIABLE)) and (local_rank := os.environ.get("LOCAL_RANK")):
+        with contextlib.suppress(OSError):  # the launching rank gave up waiting and removed the folder
+            (Path(ready_dir) / local_rank).touch()
 
 
 class _PlannedRanks(ParallelStrategy):
@@ -369,13 +411,28 @@ class _PlannedRanks(ParallelStrategy):
                 ranks=self.ranks,
             )  # fmt: skip
 
+    def _meet(self) -> None:
+        if self.local_rank == 0:  # the rank that started this node's others
+            timeout = cast(Any, self)._timeout  # the process group's, Lightning's setting
+            _meet_started_ranks(self._launcher, timeout.total_seconds() if timeout is not None else 1800.0)
+        else:
+            _say_ready()
+
 
 class PlannedRanksDDP(_PlannedRanks, DDPStrategy):
     """DDP whose locally started ranks run a saved plan."""
 
+    def setup_distributed(self) -> None:
+        self._meet()  # DDP's process group forms here (`_init_dist_connection`)
+        super().setup_distributed()
+
 
 class PlannedRanksModelParallel(_PlannedRanks, ModelParallelStrategy):
     """Lightning's ModelParallelStrategy (FSDP2) whose locally started ranks run a saved plan, as DDP's do."""
+
+    def _setup_distributed(self) -> None:
+        self._meet()  # the process group forms here, in this private method of Lightning's
+        super()._setup_distributed()
 
 
 # -- ddp_spawn: what the workers counted, back in the main process ------------------------------------

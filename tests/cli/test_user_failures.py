@@ -4,6 +4,8 @@ exit code 2, and no run dir left, whether it reads them in `prepare_data` or in 
 the sweep's last line counts it."""
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, one_line, run_cli, run_python
@@ -111,6 +113,15 @@ class CrashesOnRank1(Crashes):
         return BoringModel.training_step(self, batch, batch_idx)
 
 
+class FailsOnRank1AsItStarts(Crashes):
+    def __init__(self, crash: bool = False) -> None:
+        import os
+
+        if crash and os.environ.get("LOCAL_RANK") == "1":  # as a module whose file or data rank 1 cannot read
+            raise ZeroDivisionError("the module's own bug, on rank 1 as it started")
+        super().__init__(crash)
+
+
 class Needs(BoringModel):
     def __init__(self, width: int) -> None:
         super().__init__()
@@ -174,6 +185,33 @@ def test_a_ddp_job_whose_first_rank_crashes_stops_the_others_at_once(tmp_path):
     failed = json.loads((sweep / "0" / "manifest.json").read_text())
     assert failed["status"] == "failed" and "the module's own bug, on rank 0" in failed["error"]
     assert took < 100, f"the sweep took {took:.0f} s: the failed job's other rank was waited for"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_job_whose_other_rank_fails_as_it_starts_ends_at_once_and_the_sweep_goes_on(strategy, tmp_path):
+    """Rank 0 waits for the others as the process group forms, in torch's C++ for 30 minutes, deaf to signals:
+    a rank that failed before it got there held the job until the watch over the ranks killed the sweep."""
+    import sys
+    import time
+
+    (tmp_path / "crashes.py").write_text(CRASHES)
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "hardware=cpu", "hardware.devices=2",
+               f"strategy={strategy}", "model._target_=crashes.FailsOnRank1AsItStarts", "+model.crash=true,false",
+               "data._target_=crashes.Data", "batch.global_size=4", "trainer.max_steps=2",
+               f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    started = time.monotonic()
+    done = run_python(command, {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    took = time.monotonic() - started
+    assert done.returncode == 1 and "1 of 2 jobs done" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
+    assert "the module's own bug, on rank 1 as it started" in done.stderr  # rank 1's own traceback
+    failed = json.loads((sweep / "0" / "manifest.json").read_text())
+    assert failed["status"] == "failed"
+    assert "rank 1 of this job ended (exit code 2) before the job's ranks met" in failed["error"], failed["error"]
+    assert json.loads((sweep / "1" / "manifest.json").read_text())["status"] == "finished"
+    assert took < 55, f"the sweep took {took:.0f} s: the failed rank was waited for"
+    assert not [p for p in Path(tempfile.gettempdir()).glob("hydralight-ranks-*") if p.stat().st_mtime > started - 1]
 
 
 @pytest.mark.slow
