@@ -162,6 +162,22 @@ def test_a_sweep_waiting_on_a_terminal_draws_a_live_table_of_its_jobs_and_off_on
     assert re.search(r"#1 \(\d+\): COMPLETED, at step \d+, val/acc=[\d.]+", said), said[-3000:]
 
 
+@pytest.mark.parametrize("stock, ours", [("submitit_slurm", "slurm"), ("submitit_local", "local")])
+@pytest.mark.parametrize("search", [[], ["hparams_search=optuna"]], ids=["grid", "search"])
+def test_a_sweep_under_a_stock_submitit_launcher_is_refused_before_it_submits_anything(stock, ours, search, tmp_path):
+    """hydra-submitit-launcher's own launchers, by the names its docs give: they ask SLURM for none of a job's
+    devices, CPUs or memory, and submitted plan=true's jobs to the cluster. Nothing is submitted or written."""
+    sweep_dir = tmp_path / "sweep"
+    for extra in (["plan=true"], []):
+        result = run_cli(["-m", f"hydra/launcher={stock}", *search, "seed=1,2", *extra, f"hydra.sweep.dir={sweep_dir}",
+                          f"hydra.launcher.submitit_folder={tmp_path / 'submitit'}"], tmp_path)  # fmt: skip
+        assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
+        line = result.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"error: hydra/launcher={stock} is hydra-submitit-launcher's launcher as it ships"), line
+        assert f"use hydra/launcher={ours}," in line
+        assert not sweep_dir.exists() and not (tmp_path / "submitit").exists()
+
+
 # A laptop's PATH: no SLURM commands on it (the Python of this environment is named by its path).
 NO_SLURM = {"PATH": str(Path(sys.executable).parent)}
 

@@ -18,7 +18,7 @@ from hydralight.config.compose import ComposedOnce, check_sweep
 from hydralight.config.folders import user_conf
 from hydralight.config.hydra_internals import basic_sweeper
 from hydralight.errors import EXIT_USER_ERROR, UserError, exit_on_user_error
-from hydralight.launch.launchers import HydralightLocalConf, HydralightSlurmConf, PlannedLauncherMixin
+from hydralight.launch.launchers import HydralightLocalConf, HydralightSlurmConf, PlannedLauncherMixin, check_launcher
 from hydralight.rundir.outcome import REFUSED_HERE
 from hydralight.rundir.record import discard_refused_sweep, sweep_dir_kept_as_it_was
 from hydralight.rundir.redaction import SWEEP_RECORD
@@ -84,6 +84,7 @@ class CheckedSweeper(BasicSweeper):  # type: ignore[misc]
         groups = frozenset(str(name) for name in self.config.hydra.runtime.choices)
         parser = OverridesParser.create(config_loader=loader)
         try:
+            check_launcher(self.config)
             check_sweep(
                 overrides,
                 groups,

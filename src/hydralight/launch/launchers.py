@@ -63,6 +63,26 @@ LIVE_STATES = frozenset(
         "SIGNALING",
     ]
 )
+# hydra-submitit-launcher's launchers as it ships them (`hydra/launcher=submitit_slurm`, `submitit_local`),
+# and this project's that extend them.
+STOCK_LAUNCHERS = {
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher": "slurm",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher": "local",
+}
+
+
+def check_launcher(config: DictConfig) -> None:
+    """A sweep under a stock submitit launcher is refused before it submits: those ask SLURM for no job's devices,
+    CPUs or memory (a `hardware=4gpu` job gets no GPU), and run `plan=true`'s jobs instead of printing them."""
+    target = OmegaConf.select(config, "hydra.launcher._target_", default=None)
+    if (ours := STOCK_LAUNCHERS.get(str(target))) is not None:
+        choice = OmegaConf.select(config, "hydra.runtime.choices.hydra/launcher", default=None) or target
+        raise UserError(
+            f"hydra/launcher={choice} is hydra-submitit-launcher's launcher as it ships, which sizes no job from its "
+            f"plan (no devices, CPUs or memory asked for) and would run plan=true's jobs: use hydra/launcher={ours}, "
+            "the same launcher with each job sized by its plan"
+            + (" (partition, account, time limit: cluster.*)" if ours == "slurm" else "")
+        )
 
 
 @dataclass

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydralight.config.schema import override_key
 from hydralight.errors import UserError, exit_on_user_error, require
+from hydralight.launch.launchers import check_launcher
 from hydralight.rundir.layout import SweepDir
 from hydralight.rundir.outcome import read_job
 from hydralight.rundir.record import discard_unused_run_dir, read_json, sweep_dir_kept_as_it_was
@@ -204,6 +205,7 @@ class OptunaSearch(Sweeper):
         from hydralight.rundir.lock import RunDirLock
 
         try:
+            check_launcher(self.config)
             self._check_settings()
             fixed, space = self._split(arguments)
             if self.seeds > 1 and "seed" in space:
