@@ -412,6 +412,8 @@ class _PlannedRanks(ParallelStrategy):
             )  # fmt: skip
 
     def _meet(self) -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return  # met for an earlier stage (fit, then test): the group is formed once
         if self.local_rank == 0:  # the rank that started this node's others
             timeout = cast(Any, self)._timeout  # the process group's, Lightning's setting
             _meet_started_ranks(self._launcher, timeout.total_seconds() if timeout is not None else 1800.0)
