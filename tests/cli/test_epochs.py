@@ -57,3 +57,24 @@ def test_the_progress_lines_of_an_epoch_a_step_budget_ends_count_to_its_last_bat
     again = counted(8)
     assert again[:2] == ["epoch 0 batch 6/8", "epoch 0 batch 7/8"], again
     assert again[2].startswith("epoch 0 stopped at batch 8/15"), again
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [[], ["batch.max_per_device=8"], ["hardware.devices=2", "strategy=ddp"]],
+                         ids=["1", "accumulating", "ddp"])  # fmt: skip
+def test_overfit_batches_trains_the_same_global_batches_every_epoch(layout, tiny_data, tmp_path):
+    """debug=overfit learns a few batches by heart: Lightning turns a shuffling loader sequential, but took the
+    project's sampler for sequential and left it drawing new batches each epoch; and under accumulation it
+    counted micro-batches, a quarter of the global batches."""
+    seen = tmp_path / "seen"
+    args = ["hardware=cpu", "debug=overfit", "trainer.max_epochs=3", "data.val_size=100", "batch.global_size=32",
+            "batch.eval_size=50", *layout, f"+callbacks.seen._target_=batches_seen.BatchesSeen", f"+callbacks.seen.out={seen}"]  # fmt: skip
+    result = run_cli(args, tmp_path / "run", tiny_data, PYTHONPATH=str(HELPERS))
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
+    ranks = [json.loads(p.read_text()) for p in sorted(seen.glob("rank*.json"))]
+    assert len(ranks) == (2 if layout and layout[0] == "hardware.devices=2" else 1)
+    # Each epoch's global batches: the ranks' micro-batches of a step together, in order.
+    epochs = {epoch: sorted(i for rank in ranks for batch in rank[epoch] for i in batch) for epoch in ranks[0]}
+    assert list(epochs) == ["0", "1", "2"]
+    assert epochs["0"] == epochs["1"] == epochs["2"] and len(epochs["0"]) == 4 * 32
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["global_step"] == 3 * 4

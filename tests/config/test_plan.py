@@ -361,12 +361,17 @@ def test_training_batch_counts_are_optimizer_steps_whatever_the_accumulation():
     accumulated = plan_of("batch.max_per_device=32", "trainer.val_check_interval=5", "trainer.limit_train_batches=7")
     assert accumulated.task.accumulation == 4
     assert accumulated.trainer["val_check_interval"] == 20 and accumulated.trainer["limit_train_batches"] == 28
-    assert plan_of("batch.max_per_device=32", "trainer.val_check_interval=0.5").trainer["val_check_interval"] == 0.5
-    # A fraction of the epoch is one of micro-batches to Lightning: the last step would take part of a batch.
-    with pytest.raises(UserError, match=r"^trainer.limit_train_batches=0.25 is a fraction of micro-batches, and "
-                                        r"this plan accumulates 4 of them a step; give a whole number"):  # fmt: skip
-        plan_of("batch.max_per_device=32", "trainer.limit_train_batches=0.25")
-    assert plan_of("trainer.limit_train_batches=0.25").trainer["limit_train_batches"] == 0.25
+    overfit = plan_of("batch.max_per_device=32", "debug=overfit")  # the same 4 global batches, not 1
+    assert overfit.trainer["overfit_batches"] == 16
+    # A fraction of the epoch is one of micro-batches to Lightning: the last step would take part of a batch; a
+    # validation (and the best checkpoint, which a continuation starts from) would fall inside a step.
+    for key in ("limit_train_batches", "val_check_interval", "overfit_batches"):
+        with pytest.raises(UserError, match=rf"^trainer.{key}=0.25 is a fraction of micro-batches, and this plan "
+                                            rf"accumulates 4 of them a step; give a whole number of optimizer steps "
+                                            rf"\(trainer.{key}=N\)"):  # fmt: skip
+            plan_of("batch.max_per_device=32", f"trainer.{key}=0.25")
+        assert plan_of(f"trainer.{key}=0.25").trainer[key] == 0.25
+    assert plan_of("batch.max_per_device=32", "trainer.val_check_interval=1.0").trainer["val_check_interval"] == 1.0
 
 
 def test_evaluation_limits_count_the_batches_of_one_process(capsys):

@@ -719,18 +719,19 @@ def _trainer(
         # A step or time budget given alone is the budget: an epoch default never cuts it short unseen.
         bounded = options.get("max_steps", -1) != -1 or options.get("max_time") is not None
         options["max_epochs"] = -1 if bounded else DEFAULT_EPOCHS
-    for key in ("limit_train_batches", "val_check_interval"):  # N training batches: N optimizer steps
+    for key in ("limit_train_batches", "val_check_interval", "overfit_batches"):  # N batches: N optimizer steps
         if isinstance(limit := options.get(key), int) and not isinstance(limit, bool):
             options[key] = limit * task.accumulation
-    fraction = options.get("limit_train_batches")
-    if isinstance(fraction, float) and fraction < 1 and task.accumulation > 1:
-        # Lightning takes the fraction of the micro-batches: an odd count ends the epoch on a step of part of a
-        # global batch, and the steps differ from the same run without accumulation.
-        raise UserError(
-            f"trainer.limit_train_batches={fraction:g} is a fraction of micro-batches, and this plan accumulates "
-            f"{task.accumulation} of them a step; give a whole number of optimizer steps "
-            "(trainer.limit_train_batches=N), or a batch that needs no accumulation"
-        )
+    for key in ("limit_train_batches", "val_check_interval", "overfit_batches"):
+        fraction = options.get(key)
+        if isinstance(fraction, float) and 0 < fraction < 1 and task.accumulation > 1:
+            # Lightning takes the fraction of the micro-batches: a limit ends the epoch on a step of part of a
+            # global batch, a validation (and the best checkpoint) falls inside a step, with gradients half summed.
+            raise UserError(
+                f"trainer.{key}={fraction:g} is a fraction of micro-batches, and this plan accumulates "
+                f"{task.accumulation} of them a step; give a whole number of optimizer steps (trainer.{key}=N), or "
+                "a batch that needs no accumulation"
+            )
     for key in ("limit_val_batches", "limit_test_batches", "limit_predict_batches"):
         options.update(_evaluation_limit(key, options.get(key), hw.world_size if eval_batch_fixed else 1))
     options.update(

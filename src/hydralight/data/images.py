@@ -215,6 +215,9 @@ class ImageDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()
+        # trainer.overfit_batches: the same batches every epoch, in the data's order, as Lightning makes of a
+        # shuffling loader (its check sees a loader with a batch sampler as sequential and leaves it alone).
+        overfit = getattr(self, "trainer", None) is not None and self.trainer.overfit_batches > 0  # type: ignore[union-attr]
         sampler = GlobalBatchSampler(
             len(self.splits["train"]),
             self.global_size,
@@ -222,6 +225,7 @@ class ImageDataModule(pl.LightningDataModule):
             rank=rank,
             world_size=world,
             seed=self.seed,
+            shuffle=not overfit,
             drop_last=self.drop_last,
         )
         return self._loader(self.splits["train"], sampler, ResumableLoader, progress=self._trained_micro_batches)
