@@ -333,18 +333,31 @@ def floor_first_step_seconds(data_dir: str) -> float:
     return float(re.findall(r"first step done at (\d+\.\d+)", output)[0]) - start
 
 
+def bare_lightning_first_step_seconds(data_dir: str) -> float:
+    """Process start to the end of the plain floor's first step in a bare Lightning Trainer: what Lightning
+    alone takes to get there (scripts/bare_lightning_start.py)."""
+    start = time.time()
+    _, output = run([sys.executable, str(ROOT / "scripts" / "bare_lightning_start.py"), data_dir, "0"],
+                    {"PYTHONPATH": with_scripts()})  # fmt: skip
+    return float(re.findall(r"first step done at (\d+\.\d+)", output)[0]) - start
+
+
 def startup(data_dir: str, repeats: int, out: Path) -> dict:
     cfg_job = timed(lambda: run([*TRAIN, "--cfg", "job"])[0], repeats)
-    # torch's own import and the plain floor's first step on the same machine, interleaved with the runs.
-    torch_import, first, floor = [], [], []
+    # torch's own import, the plain floor's and bare Lightning's first steps on the same machine, interleaved
+    # with the runs.
+    torch_import, first, floor, bare = [], [], [], []
     for _ in range(repeats):
         torch_import.append(run([sys.executable, "-c", "import torch"])[0])
         first.append(first_step_seconds(data_dir, out))
         floor.append(floor_first_step_seconds(data_dir))
+        bare.append(bare_lightning_first_step_seconds(data_dir))
     torch_s = statistics.median(torch_import)
     return {"cfg_job_s": cfg_job, "first_step_s": summary(first), "torch_import_s": summary(torch_import),
             "first_step_beyond_torch_s": statistics.median(first) - torch_s,
-            "floor_first_step_s": summary(floor), "floor_first_step_beyond_torch_s": statistics.median(floor) - torch_s}  # fmt: skip
+            "floor_first_step_s": summary(floor), "floor_first_step_beyond_torch_s": statistics.median(floor) - torch_s,
+            "bare_first_step_s": summary(bare), "bare_first_step_beyond_torch_s": statistics.median(bare) - torch_s,
+            "first_step_beyond_bare_s": statistics.median(first) - statistics.median(bare)}  # fmt: skip
 
 
 # 10. install: the project alone against the project with its extras -----------------------------------
@@ -684,6 +697,13 @@ def rows_of(results: dict) -> list[tuple[str, str, str, str, str]]:
                 f"{s['floor_first_step_beyond_torch_s']:.2f} s", "-",
                 f"{fmt(s['floor_first_step_s'])} s vs `import torch` {fmt(s['torch_import_s'])} s")]
               if "floor_first_step_s" in s else []),
+            *([("startup", "start-up: bare Lightning's first step beyond torch's own import (Lightning alone)",
+                f"{s['bare_first_step_beyond_torch_s']:.2f} s", "-",
+                f"{fmt(s['bare_first_step_s'])} s vs `import torch` {fmt(s['torch_import_s'])} s"),
+               ("startup", "start-up: first step beyond bare Lightning's (what the project adds)",
+                f"{s['first_step_beyond_bare_s']:.2f} s", "-",
+                f"{fmt(s['first_step_s'])} s vs {fmt(s['bare_first_step_s'])} s")]
+              if "bare_first_step_s" in s else []),
         ]  # fmt: skip
     if (p := results.get("scaling")) is not None:
         rows.append(("scaling", "DDP on CPU: 2 / 1 processes samples/s", f"{p['speedup']:.2f}x", "-",
