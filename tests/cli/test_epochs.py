@@ -68,7 +68,7 @@ def test_overfit_batches_trains_the_same_global_batches_every_epoch(layout, tiny
     counted micro-batches, a quarter of the global batches."""
     seen = tmp_path / "seen"
     args = ["hardware=cpu", "debug=overfit", "trainer.max_epochs=3", "data.val_size=100", "batch.global_size=32",
-            "batch.eval_size=50", *layout, f"+callbacks.seen._target_=batches_seen.BatchesSeen", f"+callbacks.seen.out={seen}"]  # fmt: skip
+            "batch.eval_size=50", *layout, "+callbacks.seen._target_=batches_seen.BatchesSeen", f"+callbacks.seen.out={seen}"]  # fmt: skip
     result = run_cli(args, tmp_path / "run", tiny_data, PYTHONPATH=str(HELPERS))
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:])
     ranks = [json.loads(p.read_text()) for p in sorted(seen.glob("rank*.json"))]
