@@ -146,3 +146,23 @@ def test_null_for_a_string_is_refused_and_for_an_object_left_to_the_module():
     with pytest.raises(UserError, match="data.data_dir=null is no value for .*data_dir: str; give a string"):
         bind(Data, {"data_dir": None}, {}, "data", pending=None)
     assert bind(Data, {"scheduler": None}, {}, "data", pending=None) == {}  # `if scheduler is not None:` in its code
+
+
+class Keeps:
+    def __init__(self, sizes=None, head=None) -> None:
+        self.sizes, self.head = sizes, head
+
+
+def test_a_spec_s_own_convert_is_hydra_s_and_plain_containers_are_the_default():
+    """A module written for plain Hydra (`_convert_: none`, reading `head.dropout`) got plain dicts: its own
+    `_convert_` was overridden."""
+    from omegaconf import DictConfig, ListConfig
+
+    from hydralight.config.binding import instantiate
+
+    spec = {"_target_": f"{__name__}.Keeps", "sizes": [1, 2], "head": {"dropout": 0.2}}
+    plain = instantiate(spec)
+    assert type(plain.sizes) is list and type(plain.head) is dict
+    kept = instantiate({**spec, "_convert_": "none"})
+    assert isinstance(kept.sizes, ListConfig) and isinstance(kept.head, DictConfig) and kept.head.dropout == 0.2
+    assert type(instantiate({**spec, "_convert_": "partial"}).head) is dict

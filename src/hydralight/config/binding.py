@@ -284,13 +284,14 @@ def _not_in(annotation: Any, items: list[Any] | tuple[Any, ...], asked: str) -> 
 
 
 def instantiate(spec: Mapping[str, Any], **given: Any) -> Any:
-    """Hydra's `instantiate` of `spec` with the `given` values, containers converted to plain ones; a UserError
-    its target raises stays one line (Hydra would wrap it in an error of its own)."""
+    """Hydra's `instantiate` of `spec` with the `given` values, containers converted to plain ones unless the spec
+    asks otherwise (its own `_convert_`, as Hydra reads it); a UserError its target raises stays one line (Hydra
+    would wrap it in an error of its own)."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
     try:
-        return hydra_instantiate(dict(spec), **given, _convert_="all")
+        return hydra_instantiate(dict(spec), **given, _convert_=spec.get("_convert_", "all"))
     except InstantiationException as err:
         cause = err.__cause__
         if isinstance(cause, UserError):
