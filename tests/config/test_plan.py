@@ -245,7 +245,27 @@ OUT_OF_RANGE = [
     ("seed=-1", "seed=-1 must be an integer from 0 to 2**32-1"),
     ("batch.eval_size=0", "batch.eval_size=0 must be a positive integer"),
     ("hardware.devices=0", "hardware.devices=0 must be a positive integer or auto"),
+    (
+        "batch.accumulation=2 batch.max_per_device=16",
+        "batch.accumulation=2 gives each device 64 a micro-batch, "
+        "above batch.max_per_device=16; give one of them (batch.max_per_device alone picks the accumulation)",
+    ),
 ]
+
+
+@pytest.mark.parametrize("overrides", [["hardware.accelerator=gpu"], ["hardware=1gpu", "hardware.devices=auto"],
+                                       ["hardware=4gpu", "hardware.devices=-1"]])  # fmt: skip
+def test_every_gpu_of_a_machine_without_any_is_said_as_such_not_as_zero_devices(overrides):
+    with pytest.raises(UserError, match=r"^hardware.accelerator=gpu with hardware.devices=(auto|-1) takes every GPU "
+                                        r"of this machine, which has none; use hardware=cpu or hardware=auto"):  # fmt: skip
+        plan_of(*overrides, machine=CPU_BOX)
+
+
+def test_half_precision_on_cpu_is_refused_by_the_plan_whatever_the_machine():
+    """`plan=true` printed the plan that every run refuses: the choice of CPU is the config's, not the machine's."""
+    with pytest.raises(UserError, match=r"^precision=16-mixed needs a CUDA GPU"):
+        layers("hardware=cpu", "precision=16-mixed", machine=H100_BOX)
+    assert plan_of("hardware=cpu", "batch.accumulation=2", "batch.max_per_device=64").task.accumulation == 2
 
 
 @pytest.mark.parametrize(("override", "said"), OUT_OF_RANGE)

@@ -313,6 +313,12 @@ def _hardware(hw: DictConfig, machine: Machine) -> HardwarePlan:
     devices = hw.devices
     if devices in ("auto", -1):
         devices = machine.gpus if accelerator == "gpu" else 1
+        if devices == 0:  # not a count the user gave: say what asked for it
+            raise UserError(
+                f"hardware.accelerator={hw.accelerator} with hardware.devices={hw.devices} takes every GPU of this "
+                "machine, which has none; use hardware=cpu or hardware=auto, or give the count of the machine it is "
+                "planned for (hardware.devices=N)"
+            )
     devices = _positive_int(devices, "hardware.devices", or_auto=True)
     num_nodes = _positive_int(hw.num_nodes, "hardware.num_nodes")
     cpus = hw.get("cpus_per_task", "auto")
@@ -346,6 +352,8 @@ def _framework(c: DictConfig, hw: HardwarePlan, machine: Machine) -> FrameworkPl
     precision = str(c.trainer.precision)
     if precision not in PRECISIONS:
         raise UserError(f"precision={precision} is not a Lightning precision; use one of {', '.join(PRECISIONS)}")
+    if hw.accelerator == "cpu" and precision in ("16-mixed", "16-true"):  # whatever the machine: a plan says so too
+        raise UserError(f"precision={precision} needs a CUDA GPU; on CPU use precision=bf16-mixed or precision=32-true")
     shard = [str(name) for name in c.strategy.get("shard") or []]
     checkpoint = str(c.strategy.get("checkpoint", "full"))
     if strategy != "fsdp" and (shard or checkpoint != "full"):
@@ -394,11 +402,19 @@ def _framework(c: DictConfig, hw: HardwarePlan, machine: Machine) -> FrameworkPl
 def _accumulation(batch: DictConfig, global_size: int, world: int) -> int:
     requested = batch.get("accumulation", "auto")
     cap = batch.get("max_per_device")
+    if cap is not None:
+        cap = _positive_int(cap, "batch.max_per_device")
     if requested != "auto":
-        return _positive_int(requested, "batch.accumulation")
+        requested = _positive_int(requested, "batch.accumulation")
+        if cap is not None and global_size // (world * requested) > cap:
+            raise UserError(
+                f"batch.accumulation={requested} gives each device {global_size // (world * requested)} a "
+                f"micro-batch, above batch.max_per_device={cap}; give one of them (batch.max_per_device alone picks "
+                "the accumulation)"
+            )
+        return requested
     if cap is None:
         return 1
-    cap = _positive_int(cap, "batch.max_per_device")
     # Smallest accumulation that splits the global batch evenly with no device above the cap.
     for accumulation in range(max(1, math.ceil(global_size / (world * cap))), global_size // world + 1):
         if global_size % (world * accumulation) == 0 and global_size // (world * accumulation) <= cap:
@@ -1086,10 +1102,6 @@ def check_plan(plan: RunPlan, machine: Machine) -> None:
     # A SLURM task sees only its own cores and the whole node's memory: its allocation is the request.
     oversubscribe = bool((plan.config.get("hardware") or {}).get("oversubscribe", False))
     check_capacity(hw, None if external_launcher() == "slurm" else machine, oversubscribe)
-    if hw.accelerator == "cpu" and fw.precision in ("16-mixed", "16-true"):
-        raise UserError(
-            f"precision={fw.precision} needs a CUDA GPU; on CPU use precision=bf16-mixed or precision=32-true"
-        )
     if hw.accelerator == "gpu" and fw.precision.startswith("bf16") and not machine.bf16:
         raise UserError(
             f"precision={fw.precision} but {machine.gpu_name or 'this GPU'} has no bfloat16 support; use precision=16-mixed"
