@@ -222,3 +222,24 @@ def test_printing_the_config_imports_no_torch(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([str(blocker.parent), str(ROOT / "src")])}
     result = run_cli(["--cfg", "job", "optim.lr=2e-3"], tmp_path / "run", **env)
     assert result.returncode == 0 and "lr: 0.002" in result.stdout, result.stderr[-2000:]
+
+
+def test_a_top_level_key_a_config_file_adds_is_refused_as_such_not_as_a_misspelling(tmp_path):
+    """A config group of the user's (`+mygroup=b`) or an experiment's block of new keys was refused with "check
+    the spelling", of a key nobody misspelt; the line says where it came from and how keys of one's own go in."""
+    (tmp_path / "conf" / "mygroup").mkdir(parents=True)
+    (tmp_path / "conf" / "mygroup" / "b.yaml").write_text("foo: 2\n")
+    (tmp_path / "conf" / "experiment").mkdir()
+    (tmp_path / "conf" / "experiment" / "mine.yaml").write_text("# @package _global_\nnotes:\n  owner: me\n")
+    group = one_line(run_cli(["+mygroup=b", "--cfg", "job"], tmp_path / "run", cwd=tmp_path))
+    assert group.startswith("error: the option mygroup=b adds the top-level key mygroup, which the run's config "), (
+        group
+    )
+    assert group.endswith("add keys of your own from the command line (+mygroup.KEY=VALUE)")
+    block = one_line(run_cli(["experiment=mine", "--cfg", "job"], tmp_path / "run", cwd=tmp_path))
+    assert block.startswith("error: a config file adds the top-level key notes, which the run's config "), block
+    assert one_line(run_cli(["sede=1", "--cfg", "job"], tmp_path / "run", cwd=tmp_path)).startswith(
+        "error: sede is not a config key; check the spelling"
+    )
+    added = run_cli(["+notes.owner=me", "--cfg", "job"], tmp_path / "run", cwd=tmp_path)
+    assert added.returncode == 0 and "owner: me" in added.stdout

@@ -333,6 +333,15 @@ def explain(err: BaseException, overrides: list[str]) -> str:
                 f"{name} is not a key of the default {group} config; resume={given['resume']} continues with that "
                 f"run's own config: drop {name}, or name the run's {group}= option too"
             )
+        from_file = not any(k.split(".")[0] == name for k in given)
+        if "." not in name and (from_file or (name in given and _options(name))):
+            # Added by a config file (a config group of the user's, an experiment's block), not a command-line key.
+            source = f"the option {name}={given[name]}" if name in given else "a config file"
+            return (
+                f"{source} adds the top-level key {name}, which the run's config does not have: a config file sets "
+                f"keys the config has (--cfg job lists them), so a misspelt one is refused; add keys of your own from "
+                f"the command line (+{name}.KEY=VALUE)"
+            )
         return planned_trainer_key(name) or template_key(name) or unknown_key(name)
     if "Config group override must be a string or a list. Got NoneType" in text:
         group = next((k for k, v in given.items() if v in ("null", "None") and "." not in k), None)
