@@ -224,17 +224,18 @@ def main(cfg: DictConfig) -> float | None:
     run_dir = Path(job.run_dir)
     claimed = _claimed_before_hydra
     # One live run per dir (a sweep job resubmitted while its first attempt runs is refused).
-    locked = cfg.plan or not is_rank_zero() or (claimed is not None and run_dir.resolve() == claimed.path)
+    plan_only = bool(cfg.get("plan", False))  # read so: a primary config of the user's may lack it (refused below)
+    locked = plan_only or not is_rank_zero() or (claimed is not None and run_dir.resolve() == claimed.path)
     with contextlib.nullcontext() if locked else RunDirLock(run_dir):
         claim = None
         try:
             if is_rank_zero():  # a folder of the user's is refused before anything of the run is written there
-                claim = claimed if locked and not cfg.plan else Claim.take(run_dir.resolve(), hydra_wrote=True)
+                claim = claimed if locked and not plan_only else Claim.take(run_dir.resolve(), hydra_wrote=True)
             machine = detect()
             # This node's other ranks start now and import while this one resolves and builds.
-            with contextlib.nullcontext() if cfg.plan else early_ranks(*_ranks_asked(cfg, machine)):
+            with contextlib.nullcontext() if plan_only else early_ranks(*_ranks_asked(cfg, machine)):
                 plan = resolve(cfg, machine, job)
-                if cfg.plan:  # printed, and the run dir Hydra made removed, once: by rank 0 of a torchrun launch
+                if plan_only:  # printed, and the run dir Hydra made removed, once: by rank 0 of a torchrun launch
                     if is_rank_zero():
                         from hydralight.training.modules import check_constructors
 
@@ -292,7 +293,7 @@ def main(cfg: DictConfig) -> float | None:
 
             print(f"error: job {HydraConfig.get().job.num} ({run_dir}): {err}", file=sys.stderr, flush=True)
             REFUSED_HERE[run_dir.name] = str(err)
-            if claim is not None and not cfg.plan:  # a job dir of the user's (refused as such) gets no record of ours
+            if claim is not None and not plan_only:  # a job dir of the user's (refused as such) gets no record of ours
                 from hydralight.rundir.layout import RunDir
 
                 record_failure(RunDir(run_dir), str(err), job.overrides)

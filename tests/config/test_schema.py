@@ -243,3 +243,17 @@ def test_a_top_level_key_a_config_file_adds_is_refused_as_such_not_as_a_misspell
     )
     added = run_cli(["+notes.owner=me", "--cfg", "job"], tmp_path / "run", cwd=tmp_path)
     assert added.returncode == 0 and "owner: me" in added.stdout
+
+
+def test_a_primary_config_that_does_not_build_on_the_project_s_is_one_line_and_leaves_no_run_dir(tmp_path):
+    """`-cn standalone` with a config of the user's alone: a traceback (`Key 'plan' is not in struct`), and the run
+    dir Hydra had made left behind."""
+    (tmp_path / "mycfg").mkdir()
+    (tmp_path / "mycfg" / "standalone.yaml").write_text("foo: 1\n")
+    (tmp_path / "mycfg" / "mine.yaml").write_text("defaults:\n  - train\n  - _self_\nseed: 3\n")
+    run = tmp_path / "run"
+    line = one_line(run_cli(["-cd", "mycfg", "-cn", "standalone"], run, cwd=tmp_path))
+    assert line.startswith("error: the primary config (--config-name) has none of hardware, strategy,"), line
+    assert "start it with `defaults: [train, _self_]`" in line and not run.exists()
+    built = run_cli(["-cd", "mycfg", "-cn", "mine", "plan=true"], run, cwd=tmp_path)
+    assert built.returncode == 0 and "run dir" in built.stdout, built.stderr[-2000:]

@@ -553,10 +553,25 @@ def _unexpandable(parsed: list[Any]) -> str | None:
     return None
 
 
+# Groups of every run's config (the project's `train` config gives them).
+RUN_GROUPS = ("hardware", "strategy", "trainer", "batch", "model", "data")
+
+
+def check_run_keys(cfg: DictConfig) -> None:
+    """A primary config of the user's (`--config-name`) that does not build on the project's is refused in one
+    line, before a run or sweep reads a key it lacks."""
+    if not any(key in cfg for key in RUN_GROUPS):  # one of them gone is a `~key`, said as such below
+        raise UserError(
+            f"the primary config (--config-name) has none of {', '.join(RUN_GROUPS)}: it is not a run's config; "
+            "start it with `defaults: [train, _self_]` to build on this project's, then set what you change"
+        )
+
+
 def check_composed(cfg: DictConfig) -> None:
     """What Hydra lets through a composition and a run cannot take: a key of the schema deleted (`~seed`), a key
     added inside a typed group (`+trainer.acclerator=gpu`). Every job checks it, on whatever process it starts
     (Hydra's node, if there, is Hydra's to check)."""
+    check_run_keys(cfg)
     if deleted := _deleted_from_the_schema(cfg):
         name, group = deleted
         instead = f"set its keys ({name}.KEY=...) instead" if group else f"give it a value ({name}=...)"
