@@ -353,6 +353,10 @@ def test_budgets_do_what_the_user_said(tiny_data, tmp_path):
     line = one_line(run_cli([*common, "trainer.max_epochs=1", "trainer.max_steps=60"], both, tiny_data))
     assert "nothing to train" in line and "trainer.max_epochs=1" in line
     assert files(both) == before  # every byte, its log's too
+    # Another change than the budget (a harmless one): the same refusal, which says how to run it anew too.
+    line = one_line(run_cli([*common, "trainer.max_epochs=1", "trainer.max_steps=40", "+notes.x=1"], both, tiny_data))
+    assert "nothing to train" in line and "give this changed config a run dir of its own (hydra.run.dir=DIR)" in line
+    assert files(both) == before
 
 
 def test_a_checkpoint_path_that_is_no_checkpoint_file_is_one_line(tiny_data, tmp_path):

@@ -287,7 +287,8 @@ class ResumeState(pl.Callback):
                 f"nothing to train: this run finished at step {step} with {epochs} whole epoch(s), which "
                 f"{' and '.join(reached)} already reach{'es' if len(reached) == 1 else ''}; raise "
                 f"{'it' if len(reached) == 1 else 'them'} (or set one to -1 to leave the other budget to decide) to "
-                "train on; the run's results are left as they were"
+                "train on, or give this changed config a run dir of its own (hydra.run.dir=DIR) to run it anew; the "
+                "run's results are left as they were"
             )
             refused.before_any_result = True
             raise refused
