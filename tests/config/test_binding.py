@@ -166,3 +166,15 @@ def test_a_spec_s_own_convert_is_hydra_s_and_plain_containers_are_the_default():
     kept = instantiate({**spec, "_convert_": "none"})
     assert isinstance(kept.sizes, ListConfig) and isinstance(kept.head, DictConfig) and kept.head.dropout == 0.2
     assert type(instantiate({**spec, "_convert_": "partial"}).head) is dict
+
+
+def test_a_name_its_module_lacks_is_said_as_such():
+    """Python's own guess for `pkg.mod.Name` when mod has no Name: "'pkg.mod' is not a package"."""
+    from hydralight.config.binding import import_target
+
+    with pytest.raises(UserError, match=r"^callbacks.x._target_=hydralight.errors.Nope cannot be imported: "
+                                        r"hydralight.errors has no Nope; check the name$"):  # fmt: skip
+        import_target("hydralight.errors.Nope", "callbacks.x._target_")
+    with pytest.raises(UserError, match=r"cannot be imported \(ModuleNotFoundError: No module named 'no_such_pkg'\)"):
+        import_target("no_such_pkg.mod.Name", "model._target_")
+    assert import_target("hydralight.errors.UserError", "x") is UserError

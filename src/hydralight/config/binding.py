@@ -9,6 +9,7 @@ value the user set for the plan that the constructor does not take (it would be 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -38,6 +39,12 @@ def import_target(path: str, key: str) -> Any:
     try:
         return get_object(str(path))
     except Exception as err:  # ImportError, AttributeError, or whatever the module raises on import
+        module, _, name = str(path).rpartition(".")
+        lacks = False
+        with contextlib.suppress(Exception):  # the module is there and the name is not: say that, not Python's
+            lacks = bool(module) and not hasattr(importlib.import_module(module), name)  # guess (not a package)
+        if lacks:
+            raise UserError(f"{key}={path} cannot be imported: {module} has no {name}; check the name") from None
         cause = err.__cause__ or err
         reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         raise UserError(
