@@ -257,3 +257,21 @@ def test_a_primary_config_that_does_not_build_on_the_project_s_is_one_line_and_l
     assert "start it with `defaults: [train, _self_]`" in line and not run.exists()
     built = run_cli(["-cd", "mycfg", "-cn", "mine", "plan=true"], run, cwd=tmp_path)
     assert built.returncode == 0 and "run dir" in built.stdout, built.stderr[-2000:]
+
+
+def test_options_that_folders_added_to_the_search_hide_are_said_as_those_of_conf_are(tmp_path):
+    """`-cd DIR` and `hydra.searchpath=[file://DIR]` come after the shipped options: a DIR/model/cnn.yaml or a
+    DIR/train.yaml was never used, without a word (./conf's were said)."""
+    (tmp_path / "extra" / "model").mkdir(parents=True)
+    (tmp_path / "extra" / "model" / "cnn.yaml").write_text("_target_: mine.Net\n")
+    (tmp_path / "extra" / "train.yaml").write_text("seed: 3\n")
+    for added, folder in (
+        (["-cd", "extra"], "extra"),
+        ([f"hydra.searchpath=[file://{tmp_path / 'extra'}]"], tmp_path / "extra"),
+    ):
+        done = run_cli(["--cfg", "job", *added, "model=cnn"], tmp_path / "run", cwd=tmp_path)
+        hidden = f"note: {folder}/model/cnn.yaml is not used: the shipped option model=cnn comes first"
+        assert done.returncode == 0 and done.stderr.count(hidden) == 1, done.stderr[-2000:]
+        assert f"note: {folder}/train.yaml is not used: the shipped primary config train.yaml" in done.stderr
+    shipped = run_cli(["-cd", str(ROOT / "conf"), "--cfg", "job"], tmp_path / "run", cwd=tmp_path)
+    assert shipped.returncode == 0 and "note:" not in shipped.stderr

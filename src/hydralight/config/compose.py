@@ -226,18 +226,43 @@ def _quoted(key: str, value: str) -> str:
     return '"' + override.replace('"', '\\"') + '"'
 
 
-def shadowed_options(config_dir: str, user: Path | None = None) -> list[str]:
-    """Options of `./conf` that a shipped option of the same group and name hides: Hydra takes the package's
-    first, so such a file is never used (a user's `conf/data/<a shipped name>.yaml`)."""
+def shadowed_options(config_dir: str, user: Path | None = None, added: Sequence[Path] = ()) -> list[str]:
+    """Options of `./conf` (and of the folders `--config-dir` and `hydra.searchpath` add) that a shipped option
+    of the same group and name hides: Hydra takes the package's first, so such a file is never used (a user's
+    `conf/data/<a shipped name>.yaml`; an added folder's `train.yaml`)."""
     user = user if user is not None else user_conf()
-    if user is None or not user.is_dir():
-        return []
-    return [
-        f"{path} is not used: the shipped option {path.parent.relative_to(user).as_posix()}={path.stem} comes "
-        "first; give yours a name of its own"
-        for path in sorted(user.rglob("*.yaml"))
-        if path.parent != user and (Path(config_dir) / path.relative_to(user)).is_file()
-    ]
+    lines, seen = [], {Path(config_dir).resolve()}  # the shipped folder itself hides nothing
+    for folder in (*([user] if user is not None else []), *added):
+        if not folder.is_dir() or folder.resolve() in seen:
+            continue
+        seen.add(folder.resolve())
+        for path in sorted(folder.rglob("*.yaml")):
+            if not (Path(config_dir) / path.relative_to(folder)).is_file():
+                continue
+            if path.parent != folder:
+                option = f"{path.parent.relative_to(folder).as_posix()}={path.stem}"
+                lines.append(
+                    f"{path} is not used: the shipped option {option} comes first; give yours a name of its own"
+                )
+            elif folder != user:
+                lines.append(
+                    f"{path} is not used: the shipped primary config {path.name} comes first; name yours "
+                    "otherwise and pick it with --config-name"
+                )
+    return lines
+
+
+def _say_shadowed(config_dir: str, invocation: Invocation) -> None:
+    for line in shadowed_options(config_dir, added=_added_config_folders(invocation)):
+        print(f"note: {line}", file=sys.stderr, flush=True)
+
+
+def _added_config_folders(invocation: Invocation) -> list[Path]:
+    """The folders `--config-dir` and `hydra.searchpath=[file://...]` of the command line add to Hydra's search."""
+    folders = [Path(invocation.args.config_dir)] if invocation.args.config_dir else []
+    searchpath = invocation.value("hydra.searchpath") or ""
+    folders += [Path(entry) for entry in re.findall(r"file://([^,\]\s'\"]+)", searchpath)]
+    return folders
 
 
 def reach_module_arguments(config_dir: str, config_name: str, invocation: Invocation) -> Invocation:
@@ -324,13 +349,13 @@ def compose_jobs(
     from hydralight.config.schema import explain
 
     if invocation.other_config:
+        _say_shadowed(config_dir, invocation)
         return []
     if invocation.multirun and invocation.args.cfg:
         # Hydra refuses the pair with a traceback.
         raise UserError("--cfg prints the config of one run; drop -m (each job of a sweep composes the same way)")
     invocation.check_readable()
-    for line in shadowed_options(config_dir):
-        print(f"note: {line}", file=sys.stderr, flush=True)
+    _say_shadowed(config_dir, invocation)
     searched = [a for a in invocation.overrides if a.startswith(f"{SEARCH_GROUP}=") and a != f"{SEARCH_GROUP}=null"]
     _refuse_optuna_plugin_keys(override_key(a) for a in invocation.override_args)
     mode = RunMode.MULTIRUN if invocation.multirun else RunMode.RUN

@@ -334,7 +334,8 @@ def explain(err: BaseException, overrides: list[str]) -> str:
                 f"run's own config: drop {name}, or name the run's {group}= option too"
             )
         from_file = not any(k.split(".")[0] == name for k in given)
-        if "." not in name and (from_file or (name in given and _options(name))):
+        known = planned_trainer_key(name) or template_key(name)  # another template's habit: said as such
+        if not known and "." not in name and (from_file or (name in given and _options(name))):
             # Added by a config file (a config group of the user's, an experiment's block), not a command-line key.
             source = f"the option {name}={given[name]}" if name in given else "a config file"
             return (
