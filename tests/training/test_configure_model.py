@@ -73,3 +73,17 @@ def test_the_plan_line_says_its_layers_come_later_instead_of_no_parameters():
     plan = plan_of("hardware=cpu")
     assert plan_line(plan, Late()).endswith("model Late layers built in configure_model")
     assert plan_line(plan, Built()).endswith("model Built(Linear) 0.00M params")
+
+
+def test_the_plan_line_names_a_strategy_asked_for_one_process():
+    """`strategy=ddp_spawn` on one process runs in a spawned process: the line said nothing of it."""
+    import pytorch_lightning as pl
+    from conftest import plan_of
+
+    from hydralight.training.console import plan_line
+
+    line = plan_line(plan_of("hardware=cpu", "strategy=ddp_spawn"), pl.LightningModule())
+    assert line.startswith("plan: 1 cpu process (") and "), ddp_spawn, 32-true;" in line, line
+    assert "), 32-true;" in plan_line(plan_of("hardware=cpu"), pl.LightningModule())
+    two = plan_line(plan_of("hardware=cpu", "hardware.devices=2", "strategy=ddp"), pl.LightningModule())
+    assert "), ddp (gloo), 32-true;" in two, two

@@ -152,7 +152,8 @@ def plan_line(plan: RunPlan, model: nn.Module) -> str:
     hw, fw, task = plan.hardware, plan.framework, plan.task
     where = f"{hw.num_nodes} nodes x {hw.devices}" if hw.num_nodes > 1 else f"{hw.devices}"
     processes = f"{where} {hw.accelerator} process{'es' if hw.world_size > 1 else ''}"
-    strategy = f", {fw.strategy} ({fw.backend})" if fw.backend else ""
+    # A strategy asked for one process (strategy=ddp_spawn: a process of its own) is said too.
+    strategy = f", {fw.strategy}" + (f" ({fw.backend})" if fw.backend else "") if fw.strategy != "auto" else ""
     split = f"{task.per_device_size} per device x {hw.world_size}" + (
         f" x {task.accumulation} accumulated" if task.accumulation > 1 else ""
     )
