@@ -41,6 +41,7 @@ REJECTED = [
     ("+trainer.devices=2", "trainer.devices is set by the plan; set hardware.devices instead"),
     ("objective.metric=test/acc", "objective.metric=test/acc is a test metric"),
     ("seed=1,2", "seed=1,2 holds a list of values: add -m to sweep over them"),
+    ("+model=mlp", "+model=mlp adds a second model to the one the config chooses; choose it instead: model=mlp"),
     # Hydra's own keys: the run's one composition checks them too.
     ("hydra.job.chdir=maybe", "hydra.job.chdir=maybe is not true or false"),
     ("hydra/launcher=nonesuch", "error: hydra/launcher=nonesuch is not an option of hydra/launcher; use one of basic"),

@@ -311,6 +311,11 @@ def explain(err: BaseException, overrides: list[str]) -> str:
     if m := re.search(r"Value '(.*?)' (?:of type '\w+' )?could not be converted to (\w+)", text):
         kind = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}.get(m.group(2), m.group(2))
         return f"{key}={m.group(1)} is not {kind}; give {key} {kind}"
+    if m := re.search(r"Multiple values for ([\w/.]+)\. To override a value use 'override [\w/.@]+: (.*?)'", text):
+        group, value = m.group(1), m.group(2)
+        return (
+            f"+{group}={value} adds a second {group} to the one the config chooses; choose it instead: {group}={value}"
+        )
     if m := re.search(r"Ambiguous value for argument '(.*?)'", text):
         return f"{m.group(1)} holds a list of values: add -m to sweep over them, or quote it (key='a,b') as one value"
     if m := re.search(r"Value '(.*?)' is not a valid bool", text):
