@@ -215,6 +215,10 @@ OUT_OF_RANGE = [
         "objective.metric=val/loss is maximised (objective.direction=max): the run would "
         "keep its highest val/loss as its best; add objective.direction=min",
     ),
+    # Errors by their short names (the docs' own val/mse): the worst checkpoint was kept without a word.
+    ("objective.metric=val/mse", "objective.metric=val/mse is maximised (objective.direction=max)"),
+    ("objective.metric=val_nll", "objective.metric=val_nll is maximised"),
+    ("objective.metric=val/bits_per_char", "objective.metric=val/bits_per_char is maximised"),
     (
         "callbacks.model_checkpoint.monitor=val/loss",
         "callbacks.model_checkpoint.monitor=val/loss differs from "
@@ -458,3 +462,8 @@ def test_a_data_module_s_own_check_of_its_config_refuses_the_plan(overrides, sai
     (and a sweep's check of every job) said the run was fine."""
     with pytest.raises(UserError, match=re.escape(said)):
         plan_of(*overrides)
+
+
+@pytest.mark.parametrize("metric", ["val/acc", "val/f1", "val/precision", "val/dice", "val/auroc", "val_recall"])
+def test_a_metric_where_higher_is_better_is_maximised_without_a_word(metric):
+    assert plan_of(f"objective.metric={metric}").objective.direction == "max"

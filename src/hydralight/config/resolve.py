@@ -129,11 +129,17 @@ def check_objective(metric: str) -> None:
         )
 
 
+# Names of metrics where lower is better: a loss or an error by name, or one of the usual ones by its short name.
+LOWER_IS_BETTER = re.compile(
+    r"loss|error|(^|[_.-])(err|mse|mae|rmse|msle|mape|nll|ce|ppl|perplexity|bpc|bpd|bits|wer|cer|fid|distance)([_.-]|$)"
+)
+
+
 def _check_best_checkpoint(c: DictConfig) -> None:
     """The best checkpoint is chosen by the objective, in its direction: a loss maximised, or the shipped
     best-checkpoint callback set to another metric or mode, would keep (and test) the worst checkpoint."""
     metric, direction = str(c.objective.metric), str(c.objective.direction)
-    lower = lambda name: re.search(r"loss|error", name.split("/")[-1].lower()) is not None  # noqa: E731
+    lower = lambda name: LOWER_IS_BETTER.search(name.split("/")[-1].lower()) is not None  # noqa: E731
     if direction == "max" and lower(metric):
         raise UserError(
             f"objective.metric={metric} is maximised (objective.direction=max): the run would keep its highest "
