@@ -169,19 +169,19 @@ def skip_unused_step_hooks(callbacks: list[pl.Callback]) -> None:
 
 
 def sync_epoch_values(trainer: pl.Trainer) -> list[Any]:
-    """Tensor values the running loop has logged for the epoch only (`on_step=False`: the default in validation and
-    test) and not synced: synced when the epoch's value is computed, as `self.log(..., sync_dist=True)` does (sums
-    and counts reduced over ranks: the mean over every rank's samples). `sync_dist` is read when a value is logged;
-    the results (`trainer._results`, each value's `meta.sync`) have no public accessor. Values also logged per step
-    are left alone: syncing them costs a collective at every step. Returns what it changed, for `unsync` once the
-    epoch's values are computed: Lightning refuses a value logged again with other settings."""
+    """Tensor values the running loop has logged for the epoch (`on_epoch=True`: the default in validation and test;
+    also with `on_step=True`, whose epoch value is `<name>_epoch`) and not synced: synced when the epoch's value is
+    computed, as `self.log(..., sync_dist=True)` does (sums and counts reduced over ranks: the mean over every rank's
+    samples). Called after the loader's last batch: the step values already logged stay each rank's own, and no step
+    pays a collective. `sync_dist` is read when a value is logged; the results (`trainer._results`, each value's
+    `meta.sync`) have no public accessor. Returns what it changed, for `unsync` once the epoch's values are
+    computed: Lightning refuses a value logged again with other settings."""
     changed = []
     for metric in (trainer._results or {}).values():
         meta = metric.meta
         if (
             metric.is_tensor
             and meta.on_epoch
-            and not meta.on_step
             and not meta.is_custom_reduction
             and not meta.sync.should
             and not meta.sync.rank_zero_only

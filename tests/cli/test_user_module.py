@@ -3,6 +3,7 @@ the folder the run starts from, written without any part of hydralight) through 
 they are, judged by their own validation metric, continued, refused in one line where they cannot run."""
 
 import json
+import os
 import re
 import signal
 
@@ -485,3 +486,33 @@ class BuildsItsOptimizer(pl.LightningModule):
     def configure_optimizers(self):
         return self.hparams.optimizer(params=self.parameters())
 """
+
+
+STEP_AND_EPOCH = """\
+import torch.nn.functional as F
+from my_tasks.regression import Regressor
+
+
+class StepAndEpoch(Regressor):  # as Lightning's docs show on_step and on_epoch together
+    def validation_step(self, batch, batch_idx):
+        self.log("val/mse", F.mse_loss(self(batch["x"]), batch["y"]), on_step=True, on_epoch=True)
+
+    def test_step(self, batch, batch_idx):
+        self.log("test/mse", F.mse_loss(self(batch["x"]), batch["y"]), on_step=True, on_epoch=True)
+"""
+
+
+@pytest.mark.slow
+def test_values_logged_per_step_and_per_epoch_are_those_of_the_whole_data_on_two_processes(tmp_path):
+    """`on_step=True, on_epoch=True` without sync_dist: the epoch's value (the objective, the best checkpoint, the
+    test result) was rank 0's half of the data on 2 processes."""
+    (tmp_path / "stepwise.py").write_text(STEP_AND_EPOCH)
+    args = [*REGRESSION, "model._target_=stepwise.StepAndEpoch"]
+    env = {"PYTHONPATH": f"{PROJECT}{os.pathsep}{tmp_path}"}
+    two, one = tmp_path / "two", tmp_path / "one"
+    ok(user_run([*args, "trainer.max_epochs=2", "hardware.devices=2", "strategy=ddp"], two, **env))
+    found = results(two)
+    ok(user_run([*args, "mode=eval", f"ckpt_path={found['best_checkpoint']}"], one, **env))
+    assert found["test"]["test/mse_epoch"] == pytest.approx(results(one)["test"]["test/mse_epoch"], rel=1e-5)
+    validated = [float(r["val/mse_epoch"]) for r in csv_rows(two) if r.get("val/mse_epoch")]
+    assert found["objective"]["value"] == pytest.approx(min(validated))
