@@ -60,6 +60,17 @@ def micro_batches_done(trainer: pl.Trainer) -> int:
     return cast("_ProcessedTracker", trainer.fit_loop.epoch_loop.batch_progress.current).processed
 
 
+def set_micro_batches_done(trainer: pl.Trainer, done: int) -> None:
+    """Make the epoch's micro-batch counters (`batch_progress.current` and `.total`, every stage of them) say
+    `done`: a run continued under another accumulation counts in its own micro-batches, where Lightning's
+    accumulation boundary (`ready % accumulate_grad_batches`) and the epoch's batch index are read."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    delta = done - cast("_ProcessedTracker", progress.current).processed
+    for tracker in (progress.current, progress.total):
+        for field in ("ready", "started", "processed", "completed"):
+            setattr(tracker, field, getattr(tracker, field) + delta)
+
+
 def epoch_complete(trainer: pl.Trainer) -> bool:
     """Whether the epoch ran to its last batch, not cut by a step budget (`batch_progress.is_last_batch`;
     `trainer.is_last_batch` is reset once the epoch ends)."""

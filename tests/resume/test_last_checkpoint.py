@@ -101,6 +101,27 @@ def test_a_larger_budget_continues_exactly(tiny_data, tmp_path, first, then):
     assert train(extended) == train(plain)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [([], ["batch.max_per_device=8"]), (["batch.max_per_device=16"], ["batch.max_per_device=8"]),
+     (["batch.max_per_device=8"], []), ([], ["hardware.devices=2", "strategy=ddp", "batch.max_per_device=8"])],
+    ids=["1-to-4", "2-to-4", "4-to-1", "1-to-ddp-2"],
+)  # fmt: skip
+def test_a_run_continued_mid_epoch_under_another_accumulation_trains_the_same_steps(tiny_data, tmp_path, before, after):
+    """Lightning counted the continued epoch in the micro-batches of the accumulation that saved it: under another
+    one, 7 steps done then made a first step of part of a global batch and every later one across two."""
+    exact = [*BASE, "model=mlp", "precision=64-true", "trainer.max_epochs=3", "hardware=cpu"]
+    plain, continued = tmp_path / "plain", tmp_path / "continued"
+    ok(run_cli([*exact, *after, "trainer.max_steps=20"], plain, tiny_data))
+    ok(run_cli([*exact, *before, "trainer.max_steps=7"], continued, tiny_data))
+    ok(run_cli([*exact, *after, "trainer.max_steps=20"], continued, tiny_data))
+    wa, wb = last(plain)["state_dict"], last(continued)["state_dict"]
+    worst = max(((wa[k] - wb[k]).abs().max() / wa[k].abs().max().clamp_min(1e-12)).item() for k in wa)
+    assert worst < 1e-9, worst
+    assert results(continued)["global_step"] == 20
+
+
 KILL = [
     *TINY,
     "trainer.limit_train_batches=null",

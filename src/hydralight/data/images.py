@@ -16,7 +16,7 @@ from hydralight.data.loaders import ResumableLoader, TensorImages, WithIds, whol
 from hydralight.data.sampling import GlobalBatchSampler, ShardSampler
 from hydralight.errors import UserError
 from hydralight.keyed import keyed_shift, sample_keys
-from hydralight.lightning_internals import micro_batches_done
+from hydralight.lightning_internals import micro_batches_done, set_micro_batches_done
 
 
 class ImageDataModule(pl.LightningDataModule):
@@ -228,7 +228,15 @@ class ImageDataModule(pl.LightningDataModule):
             shuffle=not overfit,
             drop_last=self.drop_last,
         )
-        return self._loader(self.splits["train"], sampler, ResumableLoader, progress=self._trained_micro_batches)
+        return self._loader(
+            self.splits["train"], sampler, ResumableLoader, progress=self._trained_micro_batches,
+            rebase=self._rebase_micro_batches,
+        )  # fmt: skip
+
+    def _rebase_micro_batches(self, done: int, epoch: int) -> None:
+        assert self.trainer is not None  # a loader's state is loaded while the trainer runs
+        if self.trainer.current_epoch == epoch:  # saved inside the epoch it continues (not at its end)
+            set_micro_batches_done(self.trainer, done)
 
     def _eval_loader(self, split: str) -> DataLoader:
         rank, world = self._rank_world()

@@ -51,9 +51,12 @@ class ResumableLoader(DataLoader):
     """A training DataLoader that Lightning checkpoints mid-epoch: its state is the position in the
     global sample order, so a resumed run (with any number of processes) neither repeats nor skips."""
 
-    def __init__(self, *args: Any, progress: Callable[[], int], **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, progress: Callable[[], int], rebase: Callable[[int, int], None] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.progress = progress  # micro-batches trained so far in the current epoch
+        self.rebase = rebase  # sets that count (the loop's) for an epoch, when a continuation accumulates otherwise
 
     def _global_batches(self) -> GlobalBatchSampler:
         sampler = self.batch_sampler
@@ -69,6 +72,11 @@ class ResumableLoader(DataLoader):
             sampler.resume_at(state)
         except ValueError as err:
             raise UserError(f"cannot resume here: {err}") from None
+        # The loop counts micro-batches of the accumulation that saved the state: under another one its steps
+        # would start mid-way (a first step of part of a global batch, every later one across two).
+        done = state["samples"] // sampler.global_size * sampler.accumulation
+        if self.rebase is not None and done != self.progress():
+            self.rebase(done, state["epoch"])
 
 
 def whole_batch(batch: Any) -> Any:
