@@ -433,3 +433,17 @@ def test_a_stop_or_warning_signal_saves_and_exits_with_its_code(signum, code, ti
     result = run_cli([*BASE, "trainer.max_steps=8", *stop], run, tiny_data, PYTHONPATH=str(HELPERS))
     assert result.returncode == code, (result.stdout[-2000:], result.stderr[-2000:])
     assert last(run)["global_step"] == 4 and not (run / "results.json").exists()  # saved at the next step
+
+
+def test_a_trainer_setting_changed_on_continuing_is_said_and_kept_per_attempt(tiny_data, tmp_path):
+    """A precision or gradient clipping changed on continuing in the run's own dir trained on without a word, and
+    config.yaml then said the run had it from step 0."""
+    run = tmp_path / "run"
+    args = [*BASE, "optim=adam", "trainer.max_epochs=3"]
+    ok(run_cli([*args, "trainer.max_steps=5"], run, tiny_data))
+    done = run_cli([*args, "trainer.max_steps=10", "trainer.gradient_clip_val=0.5"], run, tiny_data)
+    ok(done)
+    assert "note: this continuation trains on with trainer.gradient_clip_val None -> 0.5;" in done.stderr
+    changes = json.loads((run / "manifest.json").read_text())["trainer_changes"]
+    assert changes == [{"setting": "trainer.gradient_clip_val", "was": None, "now": 0.5}]
+    assert results(run)["global_step"] == 10

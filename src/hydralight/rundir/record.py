@@ -292,6 +292,25 @@ class FileSnapshot:
             folder.rmdir()
 
 
+# Budgets a continuation extends: a larger one is the point of continuing, said by the run's own lines.
+BUDGETS = ("max_steps", "max_epochs", "max_time")
+
+
+def trainer_changes(run_dir: RunDir, config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The Trainer settings (precision, gradient clipping, ...) this attempt changes from the run's recorded
+    config.yaml, budgets aside: Lightning applies them from the step the run continues at."""
+    try:
+        then = (read_yaml_record(run_dir.config, "this run dir") or {}).get("trainer") or {}
+    except UserError:
+        return []
+    now = config.get("trainer") or {}
+    return [
+        {"setting": f"trainer.{key}", "was": then.get(key), "now": now.get(key)}
+        for key in sorted(set(then) | set(now))
+        if key not in BUDGETS and then.get(key) != now.get(key)
+    ]
+
+
 class RunRecord:
     """The record files of one run: config.yaml and plan.yaml at start, manifest.json throughout,
     results.json at the end. Only the writer (rank 0) writes."""
@@ -319,14 +338,25 @@ class RunRecord:
             self._ranks_before = FileSnapshot.of_folder(run_dir.rank_record(0).parent)
             self._checkpoints_before = self._checkpoints()
             earlier = read_json(run_dir.manifest) or {}
+            continues = bool((plan.get("resume") or {}).get("own"))
+            changed = trainer_changes(run_dir, config) if continues else []
             save_config(run_dir, config, plan)
             self._manifest = Manifest(run_dir, plan, machine, overrides)
             self._manifest.data["tags"] = list(config.get("tags") or [])
             # Which training this is: kept while the run continues its own checkpoints, new when the dir starts
             # afresh (a tracker's run follows it, never mixing two trainings of one dir).
-            continues = bool((plan.get("resume") or {}).get("own"))
             self._manifest.data["lineage"] = earlier.get("lineage", "") if continues else now()
+            # Each attempt's changes of how Lightning trains, kept: config.yaml holds the latest values only.
+            self._manifest.data["trainer_changes"] = [*earlier.get("trainer_changes", []), *changed]
             self._manifest.write()
+            if changed:
+                said = ", ".join(f"{c['setting']} {c['was']} -> {c['now']}" for c in changed)
+                print(
+                    f"note: this continuation trains on with {said}; the steps before it had the earlier values "
+                    "(config.yaml now holds the new ones; manifest.json's trainer_changes keeps both)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     @property
     def manifest(self) -> dict[str, Any] | None:
