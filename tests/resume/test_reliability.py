@@ -198,6 +198,14 @@ def test_resume_a_run_by_its_dir_and_refuse_another_experiment(tiny_data, tmp_pa
         run_cli(["resume=" + str(first), "model=mlp", "model.net.hidden=[8]"], tmp_path / "unused4", tiny_data)
     )
     assert "is a different experiment: model.net.hidden (run: " in line and "now: [8])" in line, line
+    # What it runs on is no other experiment: it continues on 2 processes accumulating, the same global batches
+    # (the run's own dir continued so already), and the record says what it ran on last.
+    layout = ["hardware=cpu", "hardware.devices=2", "strategy=ddp", "batch.max_per_device=4"]
+    moved = run_cli([f"resume={first}", "trainer.max_epochs=3", *layout], tmp_path / "unused5", tiny_data)
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    plan = json.loads((first / "manifest.json").read_text())["plan"]
+    assert plan["hardware"]["world_size"] == 2 and plan["task"]["accumulation"] == 4 and plan["task"]["lr"] == 0.003
+    assert json.loads((first / "results.json").read_text())["global_step"] == 12
 
 
 def test_resume_given_a_checkpoint_file_names_ckpt_path(tiny_data, tmp_path):

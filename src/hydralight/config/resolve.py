@@ -61,6 +61,14 @@ MODEL_OWNED = {"lr": "optim.lr", "seed": "seed"}
 NULL_IS_A_SETTING = ("check_val_every_n_epoch",)
 # Settings a continued run may change: how long it trains.
 EXTENDABLE = ("trainer.max_epochs", "trainer.max_steps")
+# ... and what it runs on, which changes none of its steps (the global batch and its order hold on any layout).
+RUNS_ON = ("hardware", "strategy", "batch.max_per_device", "batch.accumulation")
+
+
+def _runs_on(key: str) -> bool:
+    return any(key == root or key.startswith(f"{root}.") for root in RUNS_ON)
+
+
 # trainer.max_epochs=null with no step or time budget: the project's default length.
 DEFAULT_EPOCHS = 2
 
@@ -849,7 +857,7 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
     differ = []
     for item in job.overrides:
         key = override_key(item)
-        if key == "resume" or key.startswith("hydra") or key in EXTENDABLE:
+        if key == "resume" or key.startswith("hydra") or key in EXTENDABLE or _runs_on(key):
             continue
         plain = lambda v: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v  # noqa: E731
         absent = object()
@@ -878,9 +886,9 @@ def resumed_config(config: dict[str, Any], job: JobInfo) -> tuple[dict[str, Any]
         )
     # A longer budget given on the command line extends the run; the saved one stands otherwise.
     given = {override_key(item) for item in job.overrides}
-    for key in EXTENDABLE:
+    for key in [*EXTENDABLE, *(k for k in given if _runs_on(k))]:  # the layout too: it continues on this one
         if key in given:
-            OmegaConf.update(then, key, OmegaConf.select(now, key), force_add=True)
+            OmegaConf.update(then, key, OmegaConf.select(now, key), force_add=True, merge=False)
     # A copied or moved run dir is a run of its own: nothing it writes may land in the original.
     old = str((saved.get("paths") or {}).get("output_dir", earlier.path))
     moved = _moved(OmegaConf.to_container(then), old, str(earlier.path.resolve()))
