@@ -365,6 +365,7 @@ class JobScriptLauncher(_SubprocessScriptLauncher):
 
 # Where the ranks a job started mark that they reached the process group (a folder of the launching rank's).
 READY_DIR_VARIABLE = "HYDRALIGHT_RANKS_READY"
+GO = "go"
 
 
 def _meet_started_ranks(launcher: Any, timeout_s: float) -> None:
@@ -386,17 +387,35 @@ def _meet_started_ranks(launcher: Any, timeout_s: float) -> None:
                         "own process"
                     )
             if all((ready_dir / str(rank)).exists() for rank in range(1, len(launcher.procs) + 1)):
+                (ready_dir / GO).touch()  # the ranks connect once this one's store is up: none waits out a retry
                 return
-            time.sleep(0.05)
-    finally:
+            time.sleep(0.01)
+    except BaseException:
         shutil.rmtree(ready_dir, ignore_errors=True)
+        raise
+    shutil.rmtree(ready_dir, ignore_errors=True)  # no rank came in time: the group's own wait says so
 
 
-def _say_ready() -> None:
-    """On a started rank: mark that it reached the process group (see `_meet_started_ranks`)."""
-    if (ready_dir := os.environ.get(READY_DIR_VARIABLE)) and (local_rank := os.environ.get("LOCAL_RANK")):
-        with contextlib.suppress(OSError):  # the launching rank gave up waiting and removed the folder
-            (Path(ready_dir) / local_rank).touch()
+def _say_ready(timeout_s: float) -> None:
+    """On a started rank: mark that it reached the process group (see `_meet_started_ranks`), then wait for the
+    launching rank to form it: a rank that connects before the group's store is up retries a second later."""
+    if not ((folder := os.environ.get(READY_DIR_VARIABLE)) and (local_rank := os.environ.get("LOCAL_RANK"))):
+        return
+    ready_dir, parent = Path(folder), os.getppid()
+    with contextlib.suppress(OSError):  # the launching rank gave up waiting and removed the folder
+        (ready_dir / local_rank).touch()
+    deadline = time.monotonic() + timeout_s
+    while ready_dir.is_dir() and not (ready_dir / GO).exists() and os.getppid() == parent:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
+    time.sleep(0.02)  # the store starts as the launching rank enters the group
+
+
+def _met(launcher: Any) -> None:
+    """The marks are gone once the group formed."""
+    if isinstance(launcher, JobScriptLauncher) and (ready_dir := getattr(launcher, "ready_dir", None)):
+        shutil.rmtree(ready_dir, ignore_errors=True)
 
 
 class _PlannedRanks(ParallelStrategy):
@@ -425,11 +444,12 @@ class _PlannedRanks(ParallelStrategy):
     def _meet(self) -> None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             return  # met for an earlier stage (fit, then test): the group is formed once
+        timeout = cast(Any, self)._timeout  # the process group's, Lightning's setting
+        seconds = timeout.total_seconds() if timeout is not None else 1800.0
         if self.local_rank == 0:  # the rank that started this node's others
-            timeout = cast(Any, self)._timeout  # the process group's, Lightning's setting
-            _meet_started_ranks(self._launcher, timeout.total_seconds() if timeout is not None else 1800.0)
+            _meet_started_ranks(self._launcher, seconds)
         else:
-            _say_ready()
+            _say_ready(seconds)
 
 
 class PlannedRanksDDP(_PlannedRanks, DDPStrategy):
@@ -438,6 +458,7 @@ class PlannedRanksDDP(_PlannedRanks, DDPStrategy):
     def setup_distributed(self) -> None:
         self._meet()  # DDP's process group forms here (`_init_dist_connection`)
         super().setup_distributed()
+        _met(self._launcher)
 
 
 class PlannedRanksModelParallel(_PlannedRanks, ModelParallelStrategy):
@@ -446,6 +467,7 @@ class PlannedRanksModelParallel(_PlannedRanks, ModelParallelStrategy):
     def _setup_distributed(self) -> None:
         self._meet()  # the process group forms here, in this private method of Lightning's
         super()._setup_distributed()
+        _met(self._launcher)
 
 
 # -- ddp_spawn: what the workers counted, back in the main process ------------------------------------
