@@ -749,12 +749,11 @@ def _trainer(
         # A step or time budget given alone is the budget: an epoch default never cuts it short unseen.
         bounded = options.get("max_steps", -1) != -1 or options.get("max_time") is not None
         options["max_epochs"] = -1 if bounded else DEFAULT_EPOCHS
-    for key in ("limit_train_batches", "val_check_interval", "overfit_batches"):  # N batches: N optimizer steps
-        if isinstance(limit := options.get(key), int) and not isinstance(limit, bool):
-            options[key] = limit * task.accumulation
     for key in ("limit_train_batches", "val_check_interval", "overfit_batches"):
-        fraction = options.get(key)
-        if isinstance(fraction, float) and 0 < fraction < 1 and task.accumulation > 1:
+        limit = options.get(key)
+        if isinstance(limit, int) and not isinstance(limit, bool):  # N batches: N optimizer steps
+            options[key] = limit * task.accumulation
+        elif isinstance(fraction := limit, float) and 0 < fraction < 1 and task.accumulation > 1:
             # Lightning takes the fraction of the micro-batches: a limit ends the epoch on a step of part of a
             # global batch, a validation (and the best checkpoint) falls inside a step, with gradients half summed.
             raise UserError(

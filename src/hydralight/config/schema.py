@@ -348,7 +348,7 @@ def explain(err: BaseException, overrides: list[str]) -> str:
                 f"keys the config has (--cfg job lists them), so a misspelt one is refused; add keys of your own from "
                 f"the command line (+{name}.KEY=VALUE)"
             )
-        return planned_trainer_key(name) or template_key(name) or unknown_key(name)
+        return known or unknown_key(name)
     if "Config group override must be a string or a list. Got NoneType" in text:
         group = next((k for k, v in given.items() if v in ("null", "None") and "." not in k), None)
         if group is not None:
