@@ -4,8 +4,6 @@ exit code 2, and no run dir left, whether it reads them in `prepare_data` or in 
 the sweep's last line counts it."""
 
 import json
-import tempfile
-from pathlib import Path
 
 import pytest
 from conftest import ROOT, one_line, run_cli, run_python
@@ -178,8 +176,11 @@ def test_a_ddp_job_whose_first_rank_crashes_stops_the_others_at_once(tmp_path):
     command = [sys.executable, str(ROOT / "train.py"), "-m", "hardware=cpu", "hardware.devices=2", "strategy=ddp",
                "model._target_=crashes.CrashesOnRank0", "+model.crash=true,false", "data._target_=crashes.Data",
                "batch.global_size=4", "trainer.max_steps=8", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    private = tmp_path / "tmp"  # the run's own temporary folder: other tests' runs meet in the shared one
+    private.mkdir()
     started = time.monotonic()
-    done = run_python(command, {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    done = run_python(command, {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "TMPDIR": str(private)},
+                      cwd=tmp_path)  # fmt: skip
     took = time.monotonic() - started
     assert done.returncode == 1 and "1 of 2 jobs done" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
     failed = json.loads((sweep / "0" / "manifest.json").read_text())
@@ -201,8 +202,11 @@ def test_a_job_whose_other_rank_fails_as_it_starts_ends_at_once_and_the_sweep_go
                f"strategy={strategy}", "model._target_=crashes.FailsOnRank1AsItStarts", "+model.crash=true,false",
                "data._target_=crashes.Data", "batch.global_size=4", "trainer.max_steps=2",
                f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    private = tmp_path / "tmp"  # the run's own temporary folder: other tests' runs meet in the shared one
+    private.mkdir()
     started = time.monotonic()
-    done = run_python(command, {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    done = run_python(command, {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "TMPDIR": str(private)},
+                      cwd=tmp_path)  # fmt: skip
     took = time.monotonic() - started
     assert done.returncode == 1 and "1 of 2 jobs done" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
     assert "the module's own bug, on rank 1 as it started" in done.stderr  # rank 1's own traceback
@@ -211,7 +215,7 @@ def test_a_job_whose_other_rank_fails_as_it_starts_ends_at_once_and_the_sweep_go
     assert "rank 1 of this job ended (exit code 2) before the job's ranks met" in failed["error"], failed["error"]
     assert json.loads((sweep / "1" / "manifest.json").read_text())["status"] == "finished"
     assert took < 55, f"the sweep took {took:.0f} s: the failed rank was waited for"
-    assert not [p for p in Path(tempfile.gettempdir()).glob("hydralight-ranks-*") if p.stat().st_mtime > started - 1]
+    assert not list(private.glob("hydralight-ranks-*")), "the ranks' meeting folder was left behind"
 
 
 @pytest.mark.slow

@@ -296,6 +296,7 @@ def _become(request: dict) -> bool:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # a process of its own reads its TMPDIR afresh
     argv = request["argv"]
     if argv[0] == "-u":
         argv = argv[1:]
