@@ -215,6 +215,9 @@ def requeue_and_finish(job_id: str, proc: subprocess.Popen, signal_name: str = "
                                           text=True).stdout:  # fmt: skip
         assert time.monotonic() < deadline, "job was not requeued"
         time.sleep(0.5)
+    # slurmd refuses an attempt whose credential dates from the second it revoked the last one's ("Job credential
+    # revoked": the job ends FAILED); SLURM's own hold keeps them apart, a release at once may not.
+    time.sleep(2)
     subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, output[-3000:]
