@@ -1622,8 +1622,8 @@ def test_values_logged_for_the_epoch_are_synced_when_asked_after_they_were_logge
 
         def on_validation_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
             results = dig(trainer, "_results")
-            assert results is not ABSENT and hasattr(results, "values"), hook.moved("no results collection")
-            for metric in results.values():
+            assert results is not ABSENT and hasattr(results, "valid_items"), hook.moved("no results collection")
+            for _, metric in results.valid_items():
                 meta = dig(metric, "meta")
                 fields = [dig(meta, f) for f in ("on_epoch", "on_step", "is_custom_reduction", "sync.rank_zero_only")]
                 assert ABSENT not in fields and dig(metric, "is_tensor") is not ABSENT, hook.moved(f"{fields}")
@@ -1639,6 +1639,46 @@ def test_values_logged_for_the_epoch_are_synced_when_asked_after_they_were_logge
     trainer.fit(Logs())
     assert ("v", True) in Sync.seen and all(name == "v" for name, _ in Sync.seen), hook.moved(f"{Sync.seen}")
     assert trainer.callback_metrics["v"] == 0.0, hook.moved(f"the epoch's value is {trainer.callback_metrics['v']}")
+
+
+def test_the_values_a_modules_epoch_end_hook_logged_are_computed_after_it_returns(tmp_path: Path) -> None:
+    from hydralight.lightning_internals import after_epoch_end_hooks
+
+    hook = Hook(
+        "pytorch_lightning",
+        "_EvaluationLoop._on_evaluation_epoch_end (module hook, then the epoch's values computed)",
+        "lightning_internals.py, training/invariance.py",
+        "averaging over ranks the values a module logs in on_validation_epoch_end / on_test_epoch_end",
+    )
+
+    class Logs(Tiny):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("v", torch.tensor(float(batch_idx)))
+
+        def on_validation_epoch_end(self) -> None:
+            self.log("e", torch.tensor(2.0))
+
+        test_step = validation_step
+        test_dataloader = Tiny.val_dataloader
+
+        def on_test_epoch_end(self) -> None:
+            self.log("t", torch.tensor(3.0))
+
+    module = Logs()
+    seen: list[dict[str, bool]] = []
+    trainer = tiny_trainer(tmp_path, max_epochs=1, max_steps=-1, limit_train_batches=1)
+
+    def then() -> None:  # which values are logged and not yet computed, as the hook returns
+        seen.append({key.split(".")[-1]: dig(m, "_computed") is None for key, m in trainer._results.valid_items()})
+
+    restore = after_epoch_end_hooks(module, then)
+    trainer.fit(module)
+    trainer.test(module, verbose=False)
+    restore()
+    # The steps' values were computed after the loader's last batch; the hook's not yet.
+    assert seen[-2:] == [{"v": False, "e": True}, {"v": False, "t": True}], hook.moved(f"{seen}")
+    assert trainer.callback_metrics["t"] == 3.0
+    assert "on_validation_epoch_end" not in vars(module) and "on_test_epoch_end" not in vars(module)
 
 
 def test_the_names_a_validation_logged_are_told_apart_from_training_s(tmp_path: Path) -> None:

@@ -183,23 +183,61 @@ def sync_epoch_values(trainer: pl.Trainer) -> list[Any]:
     """Tensor values the running loop has logged for the epoch (`on_epoch=True`: the default in validation and test;
     also with `on_step=True`, whose epoch value is `<name>_epoch`) and not synced: synced when the epoch's value is
     computed, as `self.log(..., sync_dist=True)` does (sums and counts reduced over ranks: the mean over every rank's
-    samples). Called after the loader's last batch: the step values already logged stay each rank's own, and no step
-    pays a collective. `sync_dist` is read when a value is logged; the results (`trainer._results`, each value's
-    `meta.sync`) have no public accessor. Returns what it changed, for `unsync` once the epoch's values are
+    samples). Called on every rank at once, after the loader's last batch and after the module's epoch-end hook:
+    the step values already logged stay each rank's own, and no step pays a collective. Only values every rank
+    logged are synced: one logged on some ranks alone (`if self.global_rank == 0: self.log(...)`) would leave the
+    others' reductions unmatched. `sync_dist` is read when a value is logged; the results (`trainer._results`, each
+    value's `meta.sync`; `valid_items`, what the loop will compute) have no public accessor. Returns what it changed, for `unsync` once the epoch's values are
     computed: Lightning refuses a value logged again with other settings."""
-    changed = []
-    for metric in (trainer._results or {}).values():
-        meta = metric.meta
-        if (
-            metric.is_tensor
-            and meta.on_epoch
-            and not meta.is_custom_reduction
-            and not meta.sync.should
-            and not meta.sync.rank_zero_only
-        ):
-            meta.sync.should = True
-            changed.append(meta.sync)
+    results = trainer._results
+    unsynced = {  # the values logged since the results were last reset, for the running loader (or the epoch's end)
+        key: metric.meta.sync
+        for key, metric in (results.valid_items() if results is not None else ())
+        if metric.is_tensor
+        and metric.meta.on_epoch
+        and not metric.meta.is_custom_reduction
+        and not metric.meta.sync.should
+        and not metric.meta.sync.rank_zero_only
+    }
+    everywhere = set(unsynced)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        logged: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(logged, sorted(unsynced))
+        everywhere = set.intersection(*(set(keys) for keys in logged))
+    changed = [sync for key, sync in unsynced.items() if key in everywhere]
+    for sync in changed:
+        sync.should = True
     return changed
+
+
+def after_epoch_end_hooks(module: pl.LightningModule, then: Callable[[], None]) -> Callable[[], None]:
+    """Call `then` right after the module's `on_validation_epoch_end` and `on_test_epoch_end`, before Lightning
+    computes the values they logged: Lightning calls the callbacks' epoch-end hooks before the module's and then
+    computes at once (`_EvaluationLoop._on_evaluation_epoch_end`), with no hook between. The module's hooks are
+    wrapped on the instance (Lightning looks them up there); returns what puts them back."""
+    names = ("on_validation_epoch_end", "on_test_epoch_end")
+    own = {name: vars(module)[name] for name in names if name in vars(module)}
+
+    def wrapped(hook: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(hook)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            result = hook(*args, **kwargs)
+            then()
+            return result
+
+        return run
+
+    for name in names:
+        setattr(module, name, wrapped(getattr(module, name)))
+
+    def restore() -> None:
+        for name in names:
+            if name in own:
+                setattr(module, name, own[name])
+            else:
+                vars(module).pop(name, None)
+
+    return restore
 
 
 def logged_names(trainer: pl.Trainer) -> set[str]:

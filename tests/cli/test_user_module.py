@@ -162,6 +162,25 @@ def test_values_a_module_logs_without_sync_dist_are_those_of_the_whole_data_on_t
     assert found["objective"]["value"] == pytest.approx(min(validated))
 
 
+@pytest.mark.slow
+def test_values_a_module_logs_at_an_epochs_end_are_those_of_the_whole_data_on_two_processes(tmp_path):
+    """The mean of the steps' errors logged in `on_validation_epoch_end` and `on_test_epoch_end` without sync_dist,
+    as Lightning's docs write it: on 2 processes the objective and the test result are those of every rank's samples,
+    as one process measures them with the same weights; a value rank 0 alone logs there is its own (no rank waits
+    for a reduction the others never make)."""
+    two, one = tmp_path / "two", tmp_path / "one"
+    module = "model._target_=my_tasks.regression.EpochEndRegressor"
+    ok(user_run([*REGRESSION, module, "trainer.max_epochs=2", "hardware.devices=2", "strategy=ddp"], two))
+    found = results(two)
+    ok(user_run([*REGRESSION, module, "mode=eval", f"ckpt_path={found['best_checkpoint']}"], one))
+    assert found["test"]["test/mse"] == pytest.approx(results(one)["test"]["test/mse"], rel=1e-5)
+    rows = csv_rows(two)
+    validated = [float(r["val/mse"]) for r in rows if r.get("val/mse")]
+    assert len(validated) == 2 and found["objective"]["value"] == pytest.approx(min(validated))
+    # 64 validation points: rank 0 holds half of them.
+    assert {float(r["val/rank0_samples"]) for r in rows if r.get("val/rank0_samples")} == {32.0}
+
+
 @pytest.mark.parametrize(("precision", "dtype"), [("64-true", "float64"), ("bf16-true", "bfloat16")])
 def test_a_module_that_takes_images_as_they_come_gets_them_in_its_precision(tiny_data, tmp_path, precision, dtype):
     """The built-in image data normalizes its uint8 images after Lightning converted the batch for the precision:

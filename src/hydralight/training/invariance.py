@@ -4,7 +4,7 @@ per-sample keys set around each training step, and a report of what a model or d
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytorch_lightning as pl
@@ -13,7 +13,7 @@ from torch import nn
 
 from hydralight.data.contract import batch_sample_ids
 from hydralight.keyed import SampleDropout, sample_keys, set_keys, with_global_batchnorm, with_sample_dropout
-from hydralight.lightning_internals import sync_epoch_values, unsync
+from hydralight.lightning_internals import after_epoch_end_hooks, sync_epoch_values, unsync
 
 log = logging.getLogger(__name__)
 
@@ -185,13 +185,24 @@ class InvarianceCheck(pl.Callback):
 
 class EpochValuesOverRanks(pl.Callback):
     """In a run of several processes, a value a module logs for the epoch in validation or test (`self.log("val_loss",
-    loss)`, as Lightning's docs write it) is its mean over every rank's samples, as `sync_dist=True` makes it:
-    the objective, the best checkpoint and the test results do not depend on the number of processes (by default
-    Lightning keeps each rank's own share, and warns). Set after a loader's last batch, when Lightning computes the
-    epoch's values; put back at the epoch's end."""
+    loss)` in a step, or a mean of the step outputs in `on_validation_epoch_end`, as Lightning's docs write both) is
+    its mean over every rank's samples, as `sync_dist=True` makes it: the objective, the best checkpoint and the test
+    results do not depend on the number of processes (by default Lightning keeps each rank's own share, and warns).
+    Set after a loader's last batch and after the module's epoch-end hook, when Lightning computes the epoch's
+    values; put back once the loop ends."""
 
     def __init__(self) -> None:
         self.changed: list[Any] = []
+        self.restore: Callable[[], None] | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if trainer.world_size > 1 and self.restore is None:
+            self.restore = after_epoch_end_hooks(pl_module, lambda: self._sync(trainer))
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.restore is not None:
+            self.restore()
+            self.restore = None
 
     def on_validation_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
@@ -207,11 +218,15 @@ class EpochValuesOverRanks(pl.Callback):
         self._at_last(trainer, trainer.num_test_batches, batch_idx, dataloader_idx)
 
     def _at_last(self, trainer: pl.Trainer, counts: list[int | float], batch_idx: int, dataloader_idx: int) -> None:
-        if trainer.world_size > 1 and dataloader_idx < len(counts) and batch_idx + 1 == counts[dataloader_idx]:
+        if dataloader_idx < len(counts) and batch_idx + 1 == counts[dataloader_idx]:
+            self._sync(trainer)
+
+    def _sync(self, trainer: pl.Trainer) -> None:
+        if trainer.world_size > 1:
             self.changed += sync_epoch_values(trainer)
 
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         unsync(self.changed)
         self.changed = []
 
-    on_test_epoch_end = on_validation_epoch_end
+    on_test_end = on_validation_end

@@ -102,6 +102,31 @@ class Regressor(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
+class EpochEndRegressor(Regressor):
+    """The same regressor measured as Lightning's docs measure at an epoch's end: each step's errors kept, their
+    mean logged in `on_validation_epoch_end` and `on_test_epoch_end`, without sync_dist; and a count rank 0 alone
+    logs there."""
+
+    def __init__(self, in_features: int, hidden: int = 32, lr: float = 1e-3, dropout: float = 0.1) -> None:
+        super().__init__(in_features, hidden, lr, dropout)
+        self.errors: list[torch.Tensor] = []
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.errors.append((self(batch["x"]) - batch["y"]) ** 2)
+
+    test_step = validation_step
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("val/mse", torch.cat(self.errors).mean())
+        if self.global_rank == 0:
+            self.log("val/rank0_samples", float(len(torch.cat(self.errors))))
+        self.errors.clear()
+
+    def on_test_epoch_end(self) -> None:
+        self.log("test/mse", torch.cat(self.errors).mean())
+        self.errors.clear()
+
+
 class NoValidation(pl.LightningModule):
     """A module with a training step only: no objective to choose checkpoints or tune on."""
 
