@@ -652,3 +652,26 @@ def test_a_report_never_replaces_a_file_it_did_not_write_nor_writes_through_a_li
     (sweep / ".hydralight-report.json").unlink()
     (sweep / "report.md").write_text((sweep / "report.md").read_text() + "my notes\n")
     refused(r"(curves|heatmap).png is not known as this report's own \(no record of it")
+
+
+def test_an_objective_logged_per_step_and_per_epoch_is_drawn_from_its_epoch_values(tmp_path):
+    """`self.log("val/mse", ..., on_step=True, on_epoch=True)`: the history holds val/mse_step and val/mse_epoch,
+    never val/mse; the report's curve and best value, and a sweep's progress line, read the epoch's column."""
+    from hydralight.launch.launchers import job_progress
+
+    job = write_job(tmp_path, "0", ["optim.lr=0.01"], steps=4)
+    with (job / "csv" / "metrics.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["epoch", "step", "train/loss_step", "val/mse_step", "val/mse_epoch"])
+        writer.writeheader()
+        for step in range(4):
+            writer.writerow({"epoch": step // 2, "step": step, "train/loss_step": 1.0 / (step + 1)})
+            writer.writerow({"epoch": step // 2, "step": step, "val/mse_step": 9.0})  # a validation batch's own
+        writer.writerows(
+            [{"epoch": 0, "step": 1, "val/mse_epoch": 0.5}, {"epoch": 1, "step": 3, "val/mse_epoch": 0.25}]
+        )
+    results = json.loads((job / "results.json").read_text())
+    results["objective"] = {"metric": "val/mse", "direction": "min", "value": 0.25}
+    (job / "results.json").write_text(json.dumps(results))
+    (loaded,) = jobs_of(tmp_path)
+    assert loaded.validation == [(1, 0.5), (3, 0.25)] and loaded.best == 0.25
+    assert job_progress(job, "val/mse") == (3, 0.25)

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from hydralight.errors import UserError, exit_on_user_error
 from hydralight.launch.sealed import Sealed, SealedJob, share_secrets
-from hydralight.rundir.layout import RunDir, SweepDir
+from hydralight.rundir.layout import RunDir, SweepDir, history_column
 from hydralight.rundir.outcome import REFUSED_HERE, record_submitted
 from hydralight.rundir.record import discard_refused_sweep, now, read_json, write_json
 from hydralight.rundir.redaction import redact, redact_sweep_record, secret_values
@@ -144,8 +144,8 @@ def job_progress(job_dir: Path, metric: str | None = None) -> tuple[int | None, 
     rows = [cells for line in lines[1:] if len(cells := line.split(",")) == len(header)]
     step_cell = rows[-1][header.index("step")] if rows else ""
     value = None
-    if metric in header:
-        column = header.index(metric)
+    if metric is not None and (name := history_column(header, metric)) is not None:
+        column = header.index(name)
         filled = [cells[column] for cells in rows if cells[column]]
         with contextlib.suppress(ValueError, IndexError):
             value = float(filled[-1])

@@ -23,6 +23,7 @@ from hydralight.reports import plots
 from hydralight.reports.files import staged
 from hydralight.reports.scaling import machine_note, scaling_lines, scaling_points, write_scaling_plot
 from hydralight.reports.search import load_search, search_lines, surface_note, write_search_plots
+from hydralight.rundir.layout import history_column
 from hydralight.rundir.outcome import FAILED, JobOutcome, find_jobs, test_counterpart
 
 if TYPE_CHECKING:
@@ -139,7 +140,8 @@ def load_job(outcome: JobOutcome) -> Job:
     if history.is_file():
         with history.open(newline="") as f:
             reader = csv.DictReader(f)
-            loss_column = _loss_column(list(reader.fieldnames or []))
+            header = list(reader.fieldnames or [])
+            loss_column, metric_column = _loss_column(header), history_column(header, metric)
             # A row holds a training value or a validation value (or a test one, or the learning rate).
             for row in reader:
                 step = _number(row.get("step"))
@@ -147,7 +149,7 @@ def load_job(outcome: JobOutcome) -> Job:
                     continue
                 if loss_column is not None and (loss := _number(row.get(loss_column))) is not None:
                     job.train_loss.append((int(step), loss))
-                if (value := _number(row.get(metric))) is not None:
+                if metric_column is not None and (value := _number(row.get(metric_column))) is not None:
                     job.validation.append((int(step), value))
     values = [v for _, v in job.validation]
     if values:

@@ -137,3 +137,9 @@ def not_a_checkpoint_file(path: str | Path) -> str | None:
     if path.exists():
         return "is not a regular file (a device or a pipe); pass the .ckpt file of a run (its checkpoints/ folder)"
     return "does not exist; pass the .ckpt file of a run (its checkpoints/ folder)"
+
+
+def history_column(header: list[str], name: str) -> str | None:
+    """The history's column of a logged value: its own name, or `<name>_epoch` for a value logged per step and per
+    epoch (`on_step=True, on_epoch=True`: the loggers get the two forked names, never the plain one)."""
+    return next((column for column in (name, f"{name}_epoch") if column in header), None)
