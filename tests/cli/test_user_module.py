@@ -181,6 +181,30 @@ def test_values_a_module_logs_at_an_epochs_end_are_those_of_the_whole_data_on_tw
     assert {float(r["val/rank0_samples"]) for r in rows if r.get("val/rank0_samples")} == {32.0}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_a_module_trained_by_manual_optimization_is_validated_as_its_checkpoint_holds_it(
+    tmp_path, strategy, monkeypatch
+):
+    """BatchNorm's running statistics, on 2 processes, under manual optimization: each rank's batches left its own,
+    and rank 1 scored its half with statistics no checkpoint holds. The objective is the saved model's score."""
+    monkeypatch.syspath_prepend(str(PROJECT))
+    from my_tasks.normed import ManualNormedRegressor
+    from my_tasks.regression import RegressionData
+
+    run = tmp_path / "run"
+    module = "model._target_=my_tasks.normed.ManualNormedRegressor"
+    ok(user_run([*REGRESSION, module, "trainer.max_epochs=2", "hardware.devices=2", f"strategy={strategy}"], run))
+    found = results(run)
+    data = RegressionData()
+    data.setup("validate")
+    saved = ManualNormedRegressor.load_from_checkpoint(found["best_checkpoint"], map_location="cpu").eval()
+    points = data.parts["val"]
+    with torch.no_grad():
+        measured = torch.nn.functional.mse_loss(saved(points.x), points.y).item()
+    assert found["objective"]["value"] == pytest.approx(measured, rel=1e-5)
+
+
 @pytest.mark.parametrize(("precision", "dtype"), [("64-true", "float64"), ("bf16-true", "bfloat16")])
 def test_a_module_that_takes_images_as_they_come_gets_them_in_its_precision(tiny_data, tmp_path, precision, dtype):
     """The built-in image data normalizes its uint8 images after Lightning converted the batch for the precision:

@@ -43,14 +43,44 @@ _early = EARLY_RANKS
 STOP_GRACE_S = 10.0
 
 
-class JobDDPStrategy(PlannedRanksDDP):
+class EvaluatesRankZerosBuffers(Strategy):
+    """Before a validation, test or prediction, every rank takes rank 0's buffers (BatchNorm's running statistics),
+    which the checkpoint holds: the scores are the saved model's, and the ranks agree. DDP gives every rank rank 0's
+    before a forward only when its last one synced gradients: not under manual optimization, whose steps each left
+    each rank's own; FSDP never does."""
+
+    def _rank_zero_buffers(self) -> None:
+        module = self.lightning_module
+        if module is None or self.world_size == 1:
+            return
+        for buffer in module.buffers():
+            if type(buffer) is torch.Tensor:  # a sharded one (a DTensor) is left as it is
+                sent = buffer.data.contiguous()  # what a collective takes; a view of other strides is copied back
+                torch.distributed.broadcast(sent, src=0)
+                if sent.data_ptr() != buffer.data.data_ptr():
+                    buffer.data.copy_(sent)
+
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        self._rank_zero_buffers()
+
+    def on_test_start(self) -> None:
+        super().on_test_start()
+        self._rank_zero_buffers()
+
+    def on_predict_start(self) -> None:
+        super().on_predict_start()
+        self._rank_zero_buffers()
+
+
+class JobDDPStrategy(EvaluatesRankZerosBuffers, PlannedRanksDDP):
     """DDP whose locally started ranks run the saved plan instead of replaying the command line."""
 
     def __init__(self, *args: Any, plan_file: Path, **kwargs: Any) -> None:
         super().__init__(*args, ranks=RanksToStart(plan_file, _children, _early), **kwargs)
 
 
-class SpawnDDPStrategy(CountsBackSpawnDDP):
+class SpawnDDPStrategy(EvaluatesRankZerosBuffers, CountsBackSpawnDDP):
     """`ddp_spawn` whose spawned workers close their process group before they exit, and whose main process
     records the steps, epochs and throughput they measured.
 
@@ -67,7 +97,7 @@ class SpawnDDPStrategy(CountsBackSpawnDDP):
             dist.destroy_process_group()
 
 
-class JobFSDPStrategy(PlannedRanksModelParallel):
+class JobFSDPStrategy(EvaluatesRankZerosBuffers, PlannedRanksModelParallel):
     """Fully sharded data parallel (torch's FSDP2 `fully_shard` under Lightning's ModelParallelStrategy), its
     locally started ranks running the saved plan like `JobDDPStrategy`'s.
 
@@ -163,29 +193,6 @@ class JobFSDPStrategy(PlannedRanksModelParallel):
             if self.global_rank == 0:
                 raise
             raise SystemExit(2) from None  # every rank finds the same names wrong: rank 0 says it, once
-
-    def _rank_zero_buffers(self) -> None:
-        """FSDP keeps each rank's buffers (BatchNorm's running statistics) as that rank's batches left them,
-        where DDP gives every rank rank 0's before each forward. Before an evaluation every rank takes rank 0's,
-        which the checkpoint holds: the scores are the saved model's, and the ranks agree, as under DDP."""
-        module = self.lightning_module
-        if module is None or self.world_size == 1:
-            return
-        for buffer in module.buffers():
-            if type(buffer) is torch.Tensor:  # a sharded one (a DTensor) is left as it is
-                torch.distributed.broadcast(buffer.data, src=0)
-
-    def on_validation_start(self) -> None:
-        super().on_validation_start()
-        self._rank_zero_buffers()
-
-    def on_test_start(self) -> None:
-        super().on_test_start()
-        self._rank_zero_buffers()
-
-    def on_predict_start(self) -> None:
-        super().on_predict_start()
-        self._rank_zero_buffers()
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().optimizer_step(*args, **kwargs)
