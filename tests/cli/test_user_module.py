@@ -181,6 +181,18 @@ def test_values_a_module_logs_at_an_epochs_end_are_those_of_the_whole_data_on_tw
     assert {float(r["val/rank0_samples"]) for r in rows if r.get("val/rank0_samples")} == {32.0}
 
 
+def test_how_a_module_runs_is_the_evaluating_runs_choice_even_where_its_training_kept_the_default(tmp_path):
+    """An argument of the module's `how_it_runs` the training run left at its default, set for `mode=eval`: the
+    evaluation runs with it (it was dropped: the checkpoint's config did not list it)."""
+    run = tmp_path / "run"
+    module = "model._target_=my_tasks.regression.CountingRegressor"
+    ok(user_run([*REGRESSION, module, "trainer.max_epochs=1"], run))
+    assert "test/samples" not in results(run)["test"]
+    checkpoint = f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"
+    ok(user_run([*REGRESSION, module, "mode=eval", checkpoint, "+model.count_samples=true"], tmp_path / "eval"))
+    assert results(tmp_path / "eval")["test"]["test/samples"] == 64
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_a_module_trained_by_manual_optimization_is_validated_as_its_checkpoint_holds_it(

@@ -161,8 +161,10 @@ class Resume:
             )
         model = model_of(contents, self.plan.model)
         check_built_from(contents, model, configured_targets(self.plan.config), f"ckpt_path={path}")
-        # How it runs is this run's choice: a compiled run's checkpoint tests uncompiled unless asked otherwise.
-        runs = {k: now[k] for k in how if k in now and k in model.spec}
+        # How it runs is this run's choice: a compiled run's checkpoint tests uncompiled unless asked otherwise, and
+        # what the command line sets is taken whether or not the training run's config listed it.
+        asked = {key.split(".")[1] for o in self.plan.paths.overrides if (key := override_key(o)).startswith("model.")}
+        runs = {k: now[k] for k in how if k in now and (k in model.spec or k in asked)}
         model = dataclasses.replace(model, spec={**model.spec, **runs})
         check_sizes(record_of(contents), sizes, f"ckpt_path={path}")  # before a module of another size is built
         self._held = contents

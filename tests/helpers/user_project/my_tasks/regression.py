@@ -127,6 +127,23 @@ class EpochEndRegressor(Regressor):
         self.errors.clear()
 
 
+class CountingRegressor(Regressor):
+    """The regressor with an argument that chooses what it reports, not what it is (`how_it_runs`): with
+    `count_samples` it logs how many samples its test saw."""
+
+    how_it_runs = ("count_samples",)
+
+    def __init__(self, in_features: int, hidden: int = 32, lr: float = 1e-3, dropout: float = 0.1,
+                 count_samples: bool = False) -> None:  # fmt: skip
+        super().__init__(in_features, hidden, lr, dropout)
+        self.count_samples = count_samples
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        super().test_step(batch, batch_idx)
+        if self.count_samples:
+            self.log("test/samples", float(len(batch["y"])), reduce_fx="sum")
+
+
 class NoValidation(pl.LightningModule):
     """A module with a training step only: no objective to choose checkpoints or tune on."""
 
