@@ -1686,7 +1686,7 @@ def test_the_names_a_validation_logged_are_told_apart_from_training_s(tmp_path: 
 
     hook = Hook(
         "pytorch_lightning",
-        "trainer._results[...].meta.forked_name",
+        "trainer._results._forked_name",
         "lightning_internals.py, training/guards.py",
         "refusing an objective that validation does not log (a training metric is in callback_metrics too)",
     )
@@ -1707,7 +1707,19 @@ def test_the_names_a_validation_logged_are_told_apart_from_training_s(tmp_path: 
             if not trainer.sanity_checking:
                 self.seen.append(logged_names(trainer))
 
+    class TwoLoaders(Logs):  # each value under its loader's suffix, as callback_metrics names it
+        def val_dataloader(self) -> list[DataLoader]:
+            return [DataLoader(samples(2), batch_size=2), DataLoader(samples(2), batch_size=2)]
+
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+            super().validation_step(batch, batch_idx)
+
     trainer = tiny_trainer(tmp_path, max_epochs=1, max_steps=-1, limit_train_batches=1, callbacks=[Names()])
     trainer.fit(Logs())
     assert "t" in trainer.callback_metrics, hook.moved(f"{sorted(trainer.callback_metrics)}")
     assert Names.seen == [{"v", "both", "both_step", "both_epoch"}], hook.moved(f"{Names.seen}")
+    trainer = tiny_trainer(tmp_path, max_epochs=1, max_steps=-1, limit_train_batches=1, callbacks=[Names()])
+    trainer.fit(TwoLoaders())
+    suffixed = {f"{name}/dataloader_idx_{i}" for name in ("v", "both", "both_step", "both_epoch") for i in (0, 1)}
+    assert Names.seen[-1] == suffixed, hook.moved(f"{Names.seen[-1]}")
+    assert suffixed - {"both_step/dataloader_idx_0", "both_step/dataloader_idx_1"} <= set(trainer.callback_metrics)

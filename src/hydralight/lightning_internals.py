@@ -242,12 +242,13 @@ def after_epoch_end_hooks(module: pl.LightningModule, then: Callable[[], None]) 
 
 def logged_names(trainer: pl.Trainer) -> set[str]:
     """The names of the values the running loop logged (a value logged per step and per epoch under its name and
-    both forked ones): what validation measured, told apart from what training logged. The loop's results
-    (`trainer._results`) have no public accessor; `callback_metrics` mixes both."""
-    names = set()
-    for metric in (trainer._results or {}).values():
-        meta = metric.meta
-        names.update({meta.name, meta.forked_name(True), meta.forked_name(False)})  # the plain name: the epoch's
+    both forked ones; a value of one of several loaders with its `/dataloader_idx_N`, as `callback_metrics` names it):
+    what validation measured, told apart from what training logged. The loop's results (`trainer._results`, and
+    `_forked_name` that adds the loader's suffix) have no public accessor; `callback_metrics` mixes both."""
+    results, names = trainer._results, set()
+    for metric in (results or {}).values():
+        for on_step in (True, False):  # the plain name is the epoch's
+            names.update(results._forked_name(metric, on_step))  # type: ignore[union-attr]
     return names
 
 

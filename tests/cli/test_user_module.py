@@ -181,6 +181,20 @@ def test_values_a_module_logs_at_an_epochs_end_are_those_of_the_whole_data_on_tw
     assert {float(r["val/rank0_samples"]) for r in rows if r.get("val/rank0_samples")} == {32.0}
 
 
+def test_an_objective_of_one_of_several_validation_loaders_is_taken_by_its_name(tmp_path):
+    """Two validation loaders: Lightning logs `val/mse/dataloader_idx_0` and `.._1`; either is an objective (it was
+    refused as "logged in training"), and the plain name is refused naming them."""
+    run = tmp_path / "run"
+    two = ["model._target_=my_tasks.regression.TwoSetRegressor", "data._target_=my_tasks.regression.TwoValidationSets"]
+    metric = "val/mse/dataloader_idx_1"
+    ok(user_run([*REGRESSION, *two, "trainer.max_epochs=2", f"objective.metric={metric}"], run))
+    validated = [float(r[metric]) for r in csv_rows(run) if r.get(metric)]
+    assert len(validated) == 2 and results(run)["objective"]["value"] == pytest.approx(min(validated))
+    line = one_line(user_run([*REGRESSION, *two, "trainer.max_epochs=1"], tmp_path / "plain"))
+    assert "objective.metric=val/mse is not logged in validation by TwoSetRegressor; it logs " in line, line
+    assert "val/mse/dataloader_idx_0, val/mse/dataloader_idx_1 there" in line and "in training" not in line
+
+
 def test_how_a_module_runs_is_the_evaluating_runs_choice_even_where_its_training_kept_the_default(tmp_path):
     """An argument of the module's `how_it_runs` the training run left at its default, set for `mode=eval`: the
     evaluation runs with it (it was dropped: the checkpoint's config did not list it)."""

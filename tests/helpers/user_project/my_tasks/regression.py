@@ -50,6 +50,13 @@ class RegressionData(pl.LightningDataModule):
         return DataLoader(self.parts["test"], batch_size=64)
 
 
+class TwoValidationSets(RegressionData):
+    """The same points, validated on two sets (`val_dataloader` returns a list): the validation and the test split."""
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(self.parts[part], batch_size=64) for part in ("val", "test")]
+
+
 class PointsWithoutTest(RegressionData):
     """The same points, with no test set (a data set whose test labels are held back)."""
 
@@ -125,6 +132,13 @@ class EpochEndRegressor(Regressor):
     def on_test_epoch_end(self) -> None:
         self.log("test/mse", torch.cat(self.errors).mean())
         self.errors.clear()
+
+
+class TwoSetRegressor(Regressor):
+    """The regressor validated on several loaders: each value is logged under `<name>/dataloader_idx_<N>`."""
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        super().validation_step(batch, batch_idx)
 
 
 class CountingRegressor(Regressor):
