@@ -156,6 +156,28 @@ def test_a_module_without_predict_step_is_refused(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_data_module_with_several_predict_loaders_is_refused_in_one_line(tmp_path):
+    env = {"PYTHONPATH": str(PROJECT)}
+    data = ["model=regressor", "model._target_=my_tasks.regression.PredictingRegressor", "data=points",
+            "hardware=cpu", "objective.metric=val/mse", "objective.direction=min", "batch.global_size=32",
+            "trainer.max_epochs=1"]  # fmt: skip
+    run = tmp_path / "run"
+    ok(run_cli(data, run, cwd=PROJECT, **env))
+    predict = ["mode=predict", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", *data]
+    ok(run_cli(predict, tmp_path / "one", cwd=PROJECT, **env))  # one loader: 64 test points, in order
+    written = torch.load(tmp_path / "one" / "predictions.pt", weights_only=True)
+    assert written["sample"].tolist() == list(range(64))
+    ok(run_cli([*predict, "hardware.devices=2", "strategy=ddp_spawn"], tmp_path / "spawn", cwd=PROJECT, **env))
+    spawned = torch.load(tmp_path / "spawn" / "predictions.pt", weights_only=True)  # the data module pickled
+    assert torch.equal(spawned["sample"], written["sample"]) and torch.allclose(spawned["predictions"],
+                                                                                 written["predictions"])  # fmt: skip
+    out = tmp_path / "two"
+    line = one_line(run_cli([*predict, "data._target_=my_tasks.regression.TwoPredictSets"], out, cwd=PROJECT, **env))
+    assert "TwoPredictSets.predict_dataloader returns 2; return one" in line, line
+    assert not out.exists()
+
+
+@pytest.mark.slow
 def test_what_cannot_be_predicted_is_one_line_and_no_run_dir(trained, tiny_data, tmp_path):
     best = results(trained)["best_checkpoint"]
     cases = {

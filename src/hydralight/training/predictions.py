@@ -17,7 +17,7 @@ from __future__ import annotations
 import csv
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,26 @@ def prepare_prediction(module: pl.LightningModule, data: Any, source: str | None
                 "mode=predict has nothing to predict on; give it a predict_dataloader"
             )
         data.predict_dataloader = data.test_dataloader  # type: ignore[method-assign]  # the test split, hooks and all
+    if isinstance(data, pl.LightningDataModule):
+        data.predict_dataloader = _OneLoader(data.predict_dataloader, type(data).__name__)  # type: ignore[method-assign]
+
+
+class _OneLoader:
+    """The data module's predict loaders, refused in one line when there are several: one file of rows by sample id
+    would mix the loaders' ids (Lightning's own check, of `predict_step`'s arguments, comes first and is no
+    user's line). A class, not a closure: a `ddp_spawn` run pickles the data module."""
+
+    def __init__(self, make: Callable[[], Any], data: str) -> None:
+        self.__wrapped__, self.data = make, data  # __wrapped__: what Lightning's is_overridden looks through
+
+    def __call__(self) -> Any:
+        made = self.__wrapped__()
+        if isinstance(made, list | tuple | dict) and len(made) > 1:
+            raise UserError(
+                f"mode=predict writes the predictions of one loader, and {self.data}.predict_dataloader returns "
+                f"{len(made)}; return one (a data argument can choose which), and predict each in a run of its own"
+            )
+        return made
 
 
 def _as_outputs(prediction: Any, module: str) -> dict[str, torch.Tensor]:

@@ -57,6 +57,13 @@ class TwoValidationSets(RegressionData):
         return [DataLoader(self.parts[part], batch_size=64) for part in ("val", "test")]
 
 
+class TwoPredictSets(RegressionData):
+    """The same points, predicted on two sets (`predict_dataloader` returns a list)."""
+
+    def predict_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(self.parts[part], batch_size=64) for part in ("val", "test")]
+
+
 class PointsWithoutTest(RegressionData):
     """The same points, with no test set (a data set whose test labels are held back)."""
 
@@ -139,6 +146,13 @@ class TwoSetRegressor(Regressor):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         super().validation_step(batch, batch_idx)
+
+
+class PredictingRegressor(Regressor):
+    """The regressor with a predict step, as Lightning's docs write one: no dataloader_idx."""
+
+    def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self(batch["x"])
 
 
 class CountingRegressor(Regressor):
