@@ -1723,3 +1723,23 @@ def test_the_names_a_validation_logged_are_told_apart_from_training_s(tmp_path: 
     suffixed = {f"{name}/dataloader_idx_{i}" for name in ("v", "both", "both_step", "both_epoch") for i in (0, 1)}
     assert Names.seen[-1] == suffixed, hook.moved(f"{Names.seen[-1]}")
     assert suffixed - {"both_step/dataloader_idx_0", "both_step/dataloader_idx_1"} <= set(trainer.callback_metrics)
+
+
+def test_the_batches_a_test_stage_ran_are_the_test_loops_own_list(tmp_path: Path) -> None:
+    hook = Hook(
+        "pytorch_lightning",
+        "trainer.test_loop._max_batches",
+        "lightning_internals.py",
+        "a ddp_spawn run's main process learning how many batches its workers' test ran (the last line's reason)",
+    )
+
+    class Tested(Tiny):
+        test_step = Tiny.validation_step
+        test_dataloader = Tiny.val_dataloader
+
+    trainer = tiny_trainer(tmp_path)
+    trainer.test(Tested(), verbose=False)
+    batches = dig(trainer, "test_loop._max_batches")
+    assert batches == [1] and trainer.num_test_batches == [1], hook.moved(f"{batches}")
+    trainer.test_loop._max_batches = [3]  # as the launcher sets it in the main process
+    assert trainer.num_test_batches == [3], hook.moved("num_test_batches is not the loop's list")

@@ -245,7 +245,7 @@ def logged_names(trainer: pl.Trainer) -> set[str]:
     both forked ones; a value of one of several loaders with its `/dataloader_idx_N`, as `callback_metrics` names it):
     what validation measured, told apart from what training logged. The loop's results (`trainer._results`, and
     `_forked_name` that adds the loader's suffix) have no public accessor; `callback_metrics` mixes both."""
-    results, names = trainer._results, set()
+    results, names = trainer._results, set[str]()
     for metric in (results or {}).values():
         for on_step in (True, False):  # the plain name is the epoch's
             names.update(results._forked_name(metric, on_step))  # type: ignore[union-attr]
@@ -514,13 +514,14 @@ class PlannedRanksModelParallel(_PlannedRanks, ModelParallelStrategy):
 
 class _CountsBackLauncher(_MultiProcessingLauncher):
     """ddp_spawn's launcher, also sending back to the main process what its workers' fit counted (the fit
-    loop's progress: steps and epochs) and what the callbacks measured into their records (`into`). Lightning
+    loop's progress: steps and epochs; the test loop's batches) and what the callbacks measured into their records (`into`). Lightning
     sends back only the weights, the best checkpoint's path and `callback_metrics`; its `get_extra_results` /
     `update_main_process_results` pair is the documented place to add more, on a private class."""
 
     def get_extra_results(self, trainer: pl.Trainer) -> dict[str, Any]:
         extra = super().get_extra_results(trainer)
         extra["fit_loop"] = trainer.fit_loop.state_dict()
+        extra["test_batches"] = list(trainer.test_loop._max_batches)  # what a test stage ran (`num_test_batches`)
         extra["measured"] = [dict(into) if isinstance(into := getattr(c, "into", None), dict) else None
                              for c in trainer.callbacks]  # type: ignore[attr-defined]  # fmt: skip
         return extra
@@ -532,6 +533,8 @@ class _CountsBackLauncher(_MultiProcessingLauncher):
         super().update_main_process_results(trainer, extra)
         if "fit_loop" in extra:
             trainer.fit_loop.load_state_dict(extra["fit_loop"])
+        if extra.get("test_batches"):
+            trainer.test_loop._max_batches = extra["test_batches"]
         for callback, measured in zip(trainer.callbacks, extra.get("measured", []), strict=False):  # type: ignore[attr-defined]
             if measured:
                 callback.into.update(measured)

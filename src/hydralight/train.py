@@ -160,17 +160,18 @@ def run(plan: RunPlan, machine: Machine) -> float | None:
             ended = fit_end.ended(trainer)
         else:
             ended = {"metrics": dict(trainer.callback_metrics), "epochs": None, "stopped_by": stopped_by(trainer)}
-        best, tested = resume.to_test(trainer), {}  # before the test reloads callbacks
+        best, tested, test_batches = resume.to_test(trainer), {}, 0  # before the test reloads callbacks
         if tests(module, data):
             with testing():
                 trainer.test(module, datamodule=data, ckpt_path=best, verbose=False, weights_only=True)
             tested = dict(trainer.callback_metrics)  # what the test stage logged, under the module's names
+            test_batches = int(sum(trainer.num_test_batches))
 
         # 5. Record: results.json, the manifest, one line.
         results = run_results(
             trainer, ended["metrics"], tested, best, plan.objective,
             throughput.samples_per_second(trainer, record.extra.get("fit_seconds")), ended["stopped_by"],
-            ended["epochs"],
+            ended["epochs"], test_batches,
         )  # fmt: skip
         record.finish(results)
         if trainer.is_global_zero:

@@ -279,12 +279,13 @@ def run_results(
     samples_per_second: float | None,
     stopped: dict[str, Any] | None = None,
     epochs: int | None = None,
+    test_batches: int = 0,
 ) -> dict[str, Any]:
     """results.json of a finished run: epochs, steps, every final metric, the objective (the best
     validation value of `objective.metric`: what a sweeper may tune on, never a test metric), samples/s.
     `tested`: what the test stage logged, under the module's own names (test/acc, test_loss, a log_dict's);
     `stopped`: what ended training (`stopped_by`, read before the test); `epochs`: the epochs training ended
-    with (`FitEnd.ended`), else the trainer's."""
+    with (`FitEnd.ended`), else the trainer's; `test_batches`: how many batches the test stage ran (0: none)."""
     tested = {k: float(v) for k, v in tested.items()}
     metrics = {**{k: float(v) for k, v in metrics.items()}, **tested}
     # The objective's test counterpart, kept at the top level where earlier results had it (test/acc); only
@@ -297,6 +298,7 @@ def run_results(
         "best_checkpoint": best or None,
         "metrics": metrics,
         "test": tested,
+        "test_batches": test_batches,
         **headline,
         "objective": {
             "metric": objective.metric,
@@ -321,4 +323,6 @@ def result_line(results: dict[str, Any], run_dir: str) -> str:
         return f"{shown} {where}"
     value = results["objective"]["value"]
     best = f"best {results['objective']['metric']}={value:.4f}" if value is not None else "no objective"
+    if results.get("test_batches"):  # its test ran and logged nothing (Lightning's BoringModel)
+        return f"no test metrics (the module's test step logs nothing: log them with self.log); {best} {where}"
     return f"no test metrics (no test step in the module, or no test data); {best} {where}"

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 import torch
-from pytorch_lightning.strategies import Strategy
+from pytorch_lightning.strategies import ParallelStrategy, Strategy
 from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import nn
@@ -43,7 +43,7 @@ _early = EARLY_RANKS
 STOP_GRACE_S = 10.0
 
 
-class EvaluatesRankZerosBuffers(Strategy):
+class EvaluatesRankZerosBuffers(ParallelStrategy):
     """Before a validation, test or prediction, every rank takes rank 0's buffers (BatchNorm's running statistics),
     which the checkpoint holds: the scores are the saved model's, and the ranks agree. DDP gives every rank rank 0's
     before a forward only when its last one synced gradients: not under manual optimization, whose steps each left
