@@ -38,7 +38,7 @@ def test_a_validation_that_logs_nothing_trains_without_an_objective(processes, t
     assert results["global_step"] == 6 and results["objective"]["value"] is None
     assert results["best_checkpoint"].endswith("last.ckpt")
     # Its test step runs and logs nothing: the last line says so (not "no test step").
-    assert results["test"] == {} and results["test_batches"] > 0
+    assert results["test"] == {} and results["test_batches_per_process"] > 0
     assert done.stdout.splitlines()[-1].startswith("no test metrics (the module's test step logs nothing")
     measured = {json.loads(p.read_text())["train_batch_size"] for p in (run / "ranks").glob("rank*.json")}
     assert measured == {4 // (2 if processes else 1)}

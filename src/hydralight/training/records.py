@@ -285,7 +285,8 @@ def run_results(
     validation value of `objective.metric`: what a sweeper may tune on, never a test metric), samples/s.
     `tested`: what the test stage logged, under the module's own names (test/acc, test_loss, a log_dict's);
     `stopped`: what ended training (`stopped_by`, read before the test); `epochs`: the epochs training ended
-    with (`FitEnd.ended`), else the trainer's; `test_batches`: how many batches the test stage ran (0: none)."""
+    with (`FitEnd.ended`), else the trainer's; `test_batches`: how many batches the test stage ran on each process
+    (0: none)."""
     tested = {k: float(v) for k, v in tested.items()}
     metrics = {**{k: float(v) for k, v in metrics.items()}, **tested}
     # The objective's test counterpart, kept at the top level where earlier results had it (test/acc); only
@@ -298,7 +299,7 @@ def run_results(
         "best_checkpoint": best or None,
         "metrics": metrics,
         "test": tested,
-        "test_batches": test_batches,
+        "test_batches_per_process": test_batches,
         **headline,
         "objective": {
             "metric": objective.metric,
@@ -323,6 +324,6 @@ def result_line(results: dict[str, Any], run_dir: str) -> str:
         return f"{shown} {where}"
     value = results["objective"]["value"]
     best = f"best {results['objective']['metric']}={value:.4f}" if value is not None else "no objective"
-    if results.get("test_batches"):  # its test ran and logged nothing (Lightning's BoringModel)
+    if results.get("test_batches_per_process"):  # its test ran and logged nothing (Lightning's BoringModel)
         return f"no test metrics (the module's test step logs nothing: log them with self.log); {best} {where}"
     return f"no test metrics (no test step in the module, or no test data); {best} {where}"
