@@ -1642,7 +1642,7 @@ def test_values_logged_for_the_epoch_are_synced_when_asked_after_they_were_logge
 
 
 def test_the_values_a_modules_epoch_end_hook_logged_are_computed_after_it_returns(tmp_path: Path) -> None:
-    from hydralight.lightning_internals import after_epoch_end_hooks
+    from hydralight.lightning_internals import call_after_module_hook, restore_module_hooks
 
     hook = Hook(
         "pytorch_lightning",
@@ -1664,17 +1664,26 @@ def test_the_values_a_modules_epoch_end_hook_logged_are_computed_after_it_return
         def on_test_epoch_end(self) -> None:
             self.log("t", torch.tensor(3.0))
 
-    module = Logs()
     seen: list[dict[str, bool]] = []
-    trainer = tiny_trainer(tmp_path, max_epochs=1, max_steps=-1, limit_train_batches=1)
 
-    def then() -> None:  # which values are logged and not yet computed, as the hook returns
-        seen.append({key.split(".")[-1]: dig(m, "_computed") is None for key, m in trainer._results.valid_items()})
+    class After(pl.Callback):
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            for name in ("on_validation_epoch_end", "on_test_epoch_end"):
+                call_after_module_hook(trainer, pl_module, name)
 
-    restore = after_epoch_end_hooks(module, then)
+        def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            restore_module_hooks(pl_module)
+
+        def after_on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            # which values are logged and not yet computed, as the module's hook returns
+            seen.append({key.split(".")[-1]: dig(m, "_computed") is None for key, m in trainer._results.valid_items()})
+
+        after_on_test_epoch_end = after_on_validation_epoch_end
+
+    module = Logs()
+    trainer = tiny_trainer(tmp_path, max_epochs=1, max_steps=-1, limit_train_batches=1, callbacks=[After()])
     trainer.fit(module)
     trainer.test(module, verbose=False)
-    restore()
     # The steps' values were computed after the loader's last batch; the hook's not yet.
     assert seen[-2:] == [{"v": False, "e": True}, {"v": False, "t": True}], hook.moved(f"{seen}")
     assert trainer.callback_metrics["t"] == 3.0

@@ -210,34 +210,42 @@ def sync_epoch_values(trainer: pl.Trainer) -> list[Any]:
     return changed
 
 
-def after_epoch_end_hooks(module: pl.LightningModule, then: Callable[[], None]) -> Callable[[], None]:
-    """Call `then` right after the module's `on_validation_epoch_end` and `on_test_epoch_end`, before Lightning
-    computes the values they logged: Lightning calls the callbacks' epoch-end hooks before the module's and then
-    computes at once (`_EvaluationLoop._on_evaluation_epoch_end`), with no hook between. The module's hooks are
-    wrapped on the instance (Lightning looks them up there); returns what puts them back."""
-    names = ("on_validation_epoch_end", "on_test_epoch_end")
-    own = {name: vars(module)[name] for name in names if name in vars(module)}
+# -- callbacks that act after the module's own hook ------------------------------------------------------
+# Lightning calls every callback's hook before the module's (`trainer/call.py`: `_call_callback_hooks`, then
+# `_call_lightning_module_hook`), and nothing between the module's and what follows it: computing an evaluation's
+# epoch values (`_EvaluationLoop._on_evaluation_epoch_end`), the step's end. A callback's `after_<hook>` method runs
+# right after the module's `<hook>`: the module's hooks are wrapped on the instance, where Lightning looks them up.
+WRAPPED = "_hydralight_wrapped_hooks"  # on the module: each wrapped hook's own instance attribute (None: none)
 
-    def wrapped(hook: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(hook)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            result = hook(*args, **kwargs)
-            then()
-            return result
 
-        return run
+def call_after_module_hook(trainer: pl.Trainer, module: pl.LightningModule, hook: str) -> None:
+    """From now on, right after the module's `hook`, each of the trainer's callbacks' `after_<hook>(trainer, module,
+    *the hook's arguments)`, in the callbacks' order (a checkpoint saved there holds what the module's own
+    `on_train_batch_end` did at that step: an EMA of its weights). Idempotent; `restore_module_hooks` undoes it."""
+    wrapped = module.__dict__.setdefault(WRAPPED, {})
+    if hook in wrapped:
+        return
+    wrapped[hook] = vars(module).get(hook)
+    own = getattr(module, hook)
 
-    for name in names:
-        setattr(module, name, wrapped(getattr(module, name)))
+    @functools.wraps(own)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = own(*args, **kwargs)
+        for callback in trainer.callbacks:  # type: ignore[attr-defined]  # the connector's list
+            if callable(after := getattr(callback, f"after_{hook}", None)):
+                after(trainer, module, *args, **kwargs)
+        return result
 
-    def restore() -> None:
-        for name in names:
-            if name in own:
-                setattr(module, name, own[name])
-            else:
-                vars(module).pop(name, None)
+    setattr(module, hook, run)
 
-    return restore
+
+def restore_module_hooks(module: pl.LightningModule) -> None:
+    """The module's hooks as they were before `call_after_module_hook`."""
+    for hook, own in module.__dict__.pop(WRAPPED, {}).items():
+        if own is None:
+            vars(module).pop(hook, None)
+        else:
+            setattr(module, hook, own)
 
 
 def logged_names(trainer: pl.Trainer) -> set[str]:

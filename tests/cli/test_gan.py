@@ -53,11 +53,12 @@ def test_a_manual_optimization_gan_on_two_processes_continues_after_a_stop_to_th
     plain, cut = tmp_path / "plain", tmp_path / "cut"
     ok(gan_run([*GAN, UNUSED], plain, tiny_data))
     assert [json.loads((plain / "ranks" / f"rank{r}.json").read_text())["world_size"] for r in (0, 1)] == [2, 2]
-    # Stopped after its first batch; the ranks agree on the stop at the next step boundary (step 4).
+    # Stopped after its first batch (step 2: a step per optimizer); the ranks agree on the stop at a step boundary
+    # within about half a second (hydralight.resume.agreement).
     stop = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=2"]
     first = gan_run([*GAN, UNUSED, *stop], cut, tiny_data, PYTHONPATH=f"{PROJECT}:{HELPERS}")
     assert first.returncode == 128 + signal.SIGTERM, first.stderr[-2000:]
-    assert last(cut)["global_step"] == 4
+    assert 2 <= last(cut)["global_step"] < 24
     ok(gan_run([*GAN, UNUSED], cut, tiny_data))  # the same command: continues from its own checkpoint
     a, b = last(plain), last(cut)
     assert a["global_step"] == b["global_step"] == 2 * 2 * 6

@@ -231,6 +231,36 @@ def test_a_module_trained_by_manual_optimization_is_validated_as_its_checkpoint_
     assert found["objective"]["value"] == pytest.approx(measured, rel=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signum", "at", "saving"),
+    [("SIGTERM", 3, []), ("SIGKILL", 4, ["callbacks.last_checkpoint.every_n_steps=3"])],
+    ids=["stopped", "killed"],
+)
+def test_what_a_module_does_in_its_own_on_train_batch_end_is_in_the_checkpoint_it_continues_from(
+    tiny_data, tmp_path, signum, at, saving
+):
+    """An EMA of the weights updated in the module's `on_train_batch_end`: the checkpoint was saved in a callback's
+    hook, which Lightning calls before the module's, so it held the weights after step 3 and the EMA after step 2;
+    continued, step 3's update was never made. Stopped after step 3 (SIGTERM), or killed after the periodic save at
+    step 3, and continued, the run ends as an uninterrupted one, bit for bit."""
+    args = [*TINY, "model._target_=my_tasks.flat_images.AveragedFlatImages", "trainer.precision=64-true",
+            "trainer.limit_train_batches=null", "trainer.max_steps=6", "objective.metric=val_acc", *saving]  # fmt: skip
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    ok(user_run(args, whole, tiny_data))
+    signal_at = ["+callbacks.zz_signal._target_=signal_at.SignalAt", f"+callbacks.zz_signal.step={at}",
+                 f"+callbacks.zz_signal.signum={signum}"]  # fmt: skip
+    first = user_run([*args, *signal_at], stopped, tiny_data, PYTHONPATH=f"{PROJECT}:{HELPERS}")
+    assert first.returncode in (128 + signal.Signals[signum], -signal.Signals[signum]), first.stderr[-2000:]
+    assert torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    ok(user_run(args, stopped, tiny_data))
+    ends = [torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for run in (whole, stopped)]
+    assert ends[0]["ema"].abs().sum() > 0
+    assert all(torch.equal(ends[0][k], ends[1][k]) for k in ends[0]), {
+        k: float((ends[0][k] - ends[1][k]).abs().max()) for k in ends[0]
+    }
+
+
 @pytest.mark.parametrize(("precision", "dtype"), [("64-true", "float64"), ("bf16-true", "bfloat16")])
 def test_a_module_that_takes_images_as_they_come_gets_them_in_its_precision(tiny_data, tmp_path, precision, dtype):
     """The built-in image data normalizes its uint8 images after Lightning converted the batch for the precision:

@@ -17,7 +17,14 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Checkpoint
 
 from hydralight.errors import UserError
-from hydralight.lightning_internals import epoch_complete, record_loop_state, validate_now, validation_follows
+from hydralight.lightning_internals import (
+    call_after_module_hook,
+    epoch_complete,
+    record_loop_state,
+    restore_module_hooks,
+    validate_now,
+    validation_follows,
+)
 from hydralight.resume.agreement import agreement
 from hydralight.rundir.layout import RunDir
 from hydralight.training.checkpoint_io import write_checkpoint
@@ -77,7 +84,16 @@ class LastCheckpoint(Checkpoint):
         # Registered only when every_minutes is set.
         return int(self.every_minutes is not None and time.monotonic() - self._last_save >= 60 * self.every_minutes)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Saved after the module's own on_train_batch_end: what it does there at a step (an EMA of its weights) is
+        # in the checkpoint, as it is in an uninterrupted run's weights.
+        if stage == "fit":
+            call_after_module_hook(trainer, pl_module, "on_train_batch_end")
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        restore_module_hooks(pl_module)
+
+    def after_on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         if not at_step_boundary(trainer, args[-1]):
             return
         due = bool(self.every_n_steps and trainer.global_step % self.every_n_steps == 0)

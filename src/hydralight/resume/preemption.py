@@ -20,7 +20,7 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 
-from hydralight.lightning_internals import log_step_metrics_now
+from hydralight.lightning_internals import call_after_module_hook, log_step_metrics_now, restore_module_hooks
 from hydralight.resume.agreement import agreement
 from hydralight.resume.last_checkpoint import at_step_boundary
 from hydralight.rundir.layout import RunDir
@@ -89,6 +89,7 @@ class Preemption(Callback):
         raise Interrupted(0 if requeued or not self._zero else 128 + signum)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        restore_module_hooks(pl_module)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
@@ -99,8 +100,13 @@ class Preemption(Callback):
             log.warning(f"{held.name} received as training ended: stopping before the test")
             signal.raise_signal(held)
 
-    # Training side: act at a step boundary, all ranks together.
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Saved after the module's own on_train_batch_end, as LastCheckpoint saves (hydralight.resume.last_checkpoint).
+        if stage == "fit":
+            call_after_module_hook(trainer, pl_module, "on_train_batch_end")
+
+    # Training side: act at a step boundary, all ranks together, once the module's own hook has run.
+    def after_on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         if not at_step_boundary(trainer, args[-1]):
             return  # mid-accumulation: the next boundary is a few micro-batches away
         requested = agreement(trainer).agreed(trainer, pl_module)["signal"]

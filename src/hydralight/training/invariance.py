@@ -4,7 +4,7 @@ per-sample keys set around each training step, and a report of what a model or d
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytorch_lightning as pl
@@ -13,7 +13,7 @@ from torch import nn
 
 from hydralight.data.contract import batch_sample_ids
 from hydralight.keyed import SampleDropout, sample_keys, set_keys, with_global_batchnorm, with_sample_dropout
-from hydralight.lightning_internals import after_epoch_end_hooks, sync_epoch_values, unsync
+from hydralight.lightning_internals import call_after_module_hook, restore_module_hooks, sync_epoch_values, unsync
 
 log = logging.getLogger(__name__)
 
@@ -193,16 +193,14 @@ class EpochValuesOverRanks(pl.Callback):
 
     def __init__(self) -> None:
         self.changed: list[Any] = []
-        self.restore: Callable[[], None] | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if trainer.world_size > 1 and self.restore is None:
-            self.restore = after_epoch_end_hooks(pl_module, lambda: self._sync(trainer))
+        if trainer.world_size > 1:
+            for hook in ("on_validation_epoch_end", "on_test_epoch_end"):
+                call_after_module_hook(trainer, pl_module, hook)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self.restore is not None:
-            self.restore()
-            self.restore = None
+        restore_module_hooks(pl_module)
 
     def on_validation_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
@@ -224,6 +222,11 @@ class EpochValuesOverRanks(pl.Callback):
     def _sync(self, trainer: pl.Trainer) -> None:
         if trainer.world_size > 1:
             self.changed += sync_epoch_values(trainer)
+
+    def after_on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._sync(trainer)  # what the module's hook logged, before Lightning computes it
+
+    after_on_test_epoch_end = after_on_validation_epoch_end
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         unsync(self.changed)

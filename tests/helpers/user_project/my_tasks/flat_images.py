@@ -33,3 +33,17 @@ class FlatImages(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class AveragedFlatImages(FlatImages):
+    """The same layer, with an exponential moving average of its weights updated after every step in the module's
+    own `on_train_batch_end`, as an EMA is often written (a buffer: saved in checkpoints)."""
+
+    def __init__(self, input_shape: tuple[int, ...] = (1, 28, 28), num_classes: int = 10, lr: float = 1e-2,
+                 decay: float = 0.5) -> None:  # fmt: skip
+        super().__init__(input_shape, num_classes, lr)
+        self.decay = decay
+        self.register_buffer("ema", torch.zeros_like(self.layer.weight))
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        self.ema.mul_(self.decay).add_(self.layer.weight.detach(), alpha=1 - self.decay)
