@@ -31,6 +31,7 @@ from hydralight.rundir.launch import (
     check_rank_variables,
     early_ranks,
     external_launcher,
+    found_before_hydra,
     is_rank_zero,
     keep_record_before,
     launch_run_dir,
@@ -197,6 +198,17 @@ def _left_as_it_was_if_refused(plan: RunPlan, trainer: Any, record: Any) -> Iter
         raise
 
 
+def _claim_after_hydra(run_dir: Path) -> Claim:
+    """The job dir Hydra worked out and wrote its log and record into (`${...}` in it, a sweep's job), claimed by
+    what it held before; refused, Hydra's record there is put back and its log taken back."""
+    try:
+        return Claim.take(run_dir.resolve(), hydra_wrote=True, found=found_before_hydra(run_dir))
+    except UserError:
+        restore_record(run_dir, refused=True)
+        take_back_log()
+        raise
+
+
 def job_info() -> JobInfo:
     """What Hydra knows of the running job."""
     from hydra.core.hydra_config import HydraConfig
@@ -231,7 +243,7 @@ def main(cfg: DictConfig) -> float | None:
         claim = None
         try:
             if is_rank_zero():  # a folder of the user's is refused before anything of the run is written there
-                claim = claimed if locked and not plan_only else Claim.take(run_dir.resolve(), hydra_wrote=True)
+                claim = claimed if locked and not plan_only else _claim_after_hydra(run_dir)
             machine = detect()
             # This node's other ranks start now and import while this one resolves and builds.
             with contextlib.nullcontext() if plan_only else early_ranks(*_ranks_asked(cfg, machine)):

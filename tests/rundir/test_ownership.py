@@ -309,3 +309,45 @@ def test_a_folder_holding_only_files_named_as_a_sweep_s_is_the_users(tmp_path):
     (earlier / "0" / "manifest.json").write_text(json.dumps(manifest))
     (earlier / "multirun.yaml").write_text("hydra: {}\n")
     check_sweep_usable(earlier)  # an earlier version's sweep: its job dir and its record
+
+
+@pytest.mark.slow
+def test_a_folder_of_the_users_found_only_as_hydra_works_out_the_dir_is_refused_and_left_as_it_was(tiny_data, tmp_path):
+    """`hydra.run.dir=exp_${seed}` and a sweep's job dirs are known once Hydra's job starts, after it wrote its log
+    and record there: a folder of another Hydra app (its `.hydra/`, a log of its own) was taken for one of this
+    attempt's and, refused, deleted whole. What the folder held before Hydra wrote is what counts."""
+    mine = tmp_path / "exp_7"
+    (mine / ".hydra").mkdir(parents=True)
+    (mine / ".hydra" / "config.yaml").write_text("other: app\n")
+    (mine / "myapp.log").write_text("my log\n")
+    before = snapshot(mine)
+    for extra in ([], ["data.data_dir=/nonexistent"]):  # refused at the claim, or later (missing data)
+        line = one_line(run_cli([*TINY, "seed=7", *extra, f"hydra.run.dir={tmp_path}/exp_${{seed}}"], tmp_path,
+                                tiny_data))  # fmt: skip
+        assert "already holds files this project did not write" in line, line
+        assert snapshot(mine) == before
+    # A sweep's job dir of the user's (sw_7/0): refused and left as it was; the other job runs.
+    sweep = tmp_path / "sw_7"
+    shutil.copytree(mine, sweep / "0")
+    args = ["-m", *TINY, "seed=7", "trainer.max_steps=2,3", f"hydra.sweep.dir={tmp_path}/sw_${{seed}}"]
+    done = run_cli(args, sweep, tiny_data)
+    assert done.returncode == 1 and "1 of 2 jobs done" in done.stdout, done.stdout[-2000:]
+    assert snapshot(sweep / "0") == before and (sweep / "1" / "results.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_link_in_hydras_record_of_a_run_is_never_written_through(tiny_data, tmp_path):
+    """A finished run whose `.hydra/config.yaml` someone replaced with a link to a file of theirs: continued with
+    a run dir Hydra works out (`${...}`), Hydra's record was written through the link before the refusal said
+    nothing was written."""
+    run = tmp_path / "run_7"
+    assert run_cli([*TINY, "trainer.max_steps=2", "seed=7"], run, tiny_data).returncode == 0
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    (run / ".hydra" / "config.yaml").unlink()
+    (run / ".hydra" / "config.yaml").symlink_to(notes)
+    before = snapshot(run)
+    line = one_line(run_cli([*TINY, "trainer.max_steps=4", "seed=7", f"hydra.run.dir={tmp_path}/run_${{seed}}"],
+                            tmp_path, tiny_data))  # fmt: skip
+    assert "holds .hydra/config.yaml, a link to" in line, line
+    assert notes.read_text() == "my notes\n" and snapshot(run) == before

@@ -24,6 +24,11 @@ _job_log: tuple[logging.FileHandler, int | None] | None = None
 # Hydra's record of a job (`.hydra/`) as it was before the job wrote it there (folder -> its files), for
 # `restore_record`: a job refused in the dir of an earlier run leaves that run's record.
 _records_before: dict[Path, Any] = {}
+# What a job dir held when Hydra's job started there, before Hydra wrote its log and record (folder -> names): a
+# job dir Hydra works out itself (`${...}`, a sweep's job) is checked once it has written them.
+_found_before: dict[Path, frozenset[str]] = {}
+# What Hydra writes into a job dir: its record's folder and files.
+RECORD_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
 
 def external_launcher() -> str | None:
@@ -79,6 +84,9 @@ def record_subdir(resume: Any, mode: Any, output_dir: str) -> str | None:
     continued = launch_run_dir(resume, mode) == str(resume)
     if not is_rank_zero() or (continued and Path(output_dir).resolve() == Path(str(resume)).resolve()):
         return None
+    record = Path(output_dir) / ".hydra"
+    if record.is_symlink() or any((record / name).is_symlink() for name in RECORD_FILES):
+        return None  # Hydra would write through it, to a file elsewhere; the run is refused for the link
     keep_record_before(Path(output_dir) / ".hydra")  # read first by Hydra as it writes the record
     return ".hydra"
 
@@ -112,9 +120,20 @@ def log_handler(to: str, **file: Any) -> logging.Handler:
         return logging.StreamHandler(sys.stdout)
     global _job_log
     path = Path(file["filename"])
+    # The first thing Hydra's job does in its dir after making it: what the dir held is taken now.
+    with contextlib.suppress(OSError):
+        _found_before.setdefault(path.parent.resolve(), frozenset(os.listdir(path.parent)))
+    if path.is_symlink():  # a log through a link would append to a file elsewhere; the run is refused for the link
+        return logging.NullHandler()
     size = path.stat().st_size if path.is_file() else None
     _job_log = (logging.FileHandler(path), size)
     return _job_log[0]
+
+
+def found_before_hydra(run_dir: Path) -> frozenset[str] | None:
+    """What the job dir held before Hydra's job wrote its log and record there; None when not known (job logging
+    of the user's own, without this project's handler)."""
+    return _found_before.get(run_dir.resolve())
 
 
 def take_back_log() -> None:

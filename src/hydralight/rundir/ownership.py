@@ -71,18 +71,20 @@ def is_project_dir(path: Path) -> bool:
     return manifest is not None and {"status", "run_dir", "started_at"} <= manifest.keys()
 
 
-def foreign_entries(path: Path, hydra_wrote: bool = False) -> list[str]:
+def foreign_entries(path: Path, hydra_wrote: bool = False, found: frozenset[str] | None = None) -> list[str]:
     """The entries of a folder that is not the project's (what the user keeps there); [] for the project's
-    own dirs, a missing or empty folder. `hydra_wrote`: Hydra has written its record and log there already."""
+    own dirs, a missing or empty folder. `hydra_wrote`: Hydra has written its record and log there already;
+    `found`: what the folder held before Hydra wrote them (when known, only those count)."""
     if is_project_dir(path):
         return []
     ours = (LOCK,) if (path / MARK).is_symlink() else (LOCK, MARK)
+    hydras = hydra_wrote and found is None  # not known: Hydra's names are taken for this attempt's
     return [
         name
-        for name in _entries(path)
+        for name in (sorted(found) if found is not None else _entries(path))
         if name not in ours
         and not name.startswith(LOCK_LEFTOVERS)
-        and not (hydra_wrote and (name in _HYDRA_WRITES or name.endswith(".log")))
+        and not (hydras and (name in _HYDRA_WRITES or name.endswith(".log")))
     ]
 
 
@@ -120,7 +122,7 @@ def _wandb_log(entry: Path, run_dir: Path) -> bool:
     return len(parts) >= 4 and parts[0] == "wandb" and "run-" in parts[1] and parts[2] == "logs"
 
 
-def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
+def check_usable(path: Path, key: str, hydra_wrote: bool = False, found: frozenset[str] | None = None) -> None:
     """Refuse, in one line and before anything is written, a run dir that is a file or a folder of the user's,
     or one holding a link that a run would write through to a file outside it."""
     if path.exists() and not path.is_dir():
@@ -132,7 +134,8 @@ def check_usable(path: Path, key: str, hydra_wrote: bool = False) -> None:
         )
     # A folder of the user's first: its links are its own (a project's folder and its config link), not ours to
     # have removed.
-    _refuse_foreign(key, path, foreign_entries(path, hydra_wrote), "a run dir of this project, to continue its run")
+    foreign = foreign_entries(path, hydra_wrote, found)
+    _refuse_foreign(key, path, foreign, "a run dir of this project, to continue its run")
     if path.is_dir() and (link := link_out_of(path)) is not None:
         entry, target = link
         if not target:
@@ -208,11 +211,14 @@ class Claim:
     made_parents: tuple[Path, ...] = ()
 
     @classmethod
-    def take(cls, path: Path, key: str = "hydra.run.dir", hydra_wrote: bool = False) -> Claim:
+    def take(
+        cls, path: Path, key: str = "hydra.run.dir", hydra_wrote: bool = False, found: frozenset[str] | None = None
+    ) -> Claim:
         """Check that `path` may be used (`check_usable`), make it if missing, and mark it the project's.
-        `hydra_wrote`: Hydra has made the folder and written its record there (it cannot tell whether the
-        folder was there before; it is taken as made for this run when Hydra's files are all it holds)."""
-        check_usable(path, key, hydra_wrote)
+        `hydra_wrote`: Hydra has made the folder and written its record there; `found`: what it held before
+        (an empty folder is taken as made for this run, as is one holding Hydra's files only when that is not
+        known)."""
+        check_usable(path, key, hydra_wrote, found)
         before = frozenset(_entries(path))
         mark = _mark(path)
         if mark is not None:
@@ -220,7 +226,7 @@ class Claim:
         elif is_project_dir(path):  # a run of an earlier version: it made the folder
             made = True
         elif hydra_wrote:  # all it holds is Hydra's record of this very attempt (check_usable saw to that)
-            made, before = True, frozenset()
+            made, before = not found, found or frozenset()
         else:
             made = not path.is_dir()
         parents = tuple(p for p in path.parents if not p.exists())
