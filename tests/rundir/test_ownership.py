@@ -326,13 +326,26 @@ def test_a_folder_of_the_users_found_only_as_hydra_works_out_the_dir_is_refused_
                                 tiny_data))  # fmt: skip
         assert "already holds files this project did not write" in line, line
         assert snapshot(mine) == before
-    # A sweep's job dir of the user's (sw_7/0): refused and left as it was; the other job runs.
+    # A job dir of the user's in a sweep dir of the project's (sw_7/1): refused and left as it was; the other runs.
     sweep = tmp_path / "sw_7"
-    shutil.copytree(mine, sweep / "0")
-    args = ["-m", *TINY, "seed=7", "trainer.max_steps=2,3", f"hydra.sweep.dir={tmp_path}/sw_${{seed}}"]
-    done = run_cli(args, sweep, tiny_data)
+    args = ["-m", *TINY, "seed=7", f"hydra.sweep.dir={tmp_path}/sw_${{seed}}"]
+    assert run_cli([*args, "trainer.max_steps=2"], sweep, tiny_data).returncode == 0
+    shutil.copytree(mine, sweep / "1")
+    done = run_cli([*args, "trainer.max_steps=2,3"], sweep, tiny_data)
     assert done.returncode == 1 and "1 of 2 jobs done" in done.stdout, done.stdout[-2000:]
-    assert snapshot(sweep / "0") == before and (sweep / "1" / "results.json").is_file()
+    assert "already holds files this project did not write" in done.stderr
+    assert snapshot(sweep / "1") == before and (sweep / "0" / "results.json").is_file()
+    # A sweep dir of the user's found so (another Hydra app's sweep: its multirun.yaml, notes): refused whole.
+    theirs = tmp_path / "theirs_7"
+    theirs.mkdir()
+    (theirs / "multirun.yaml").write_text("hydra: {}\n")
+    (theirs / "notes.txt").write_text("mine\n")
+    kept = snapshot(theirs)
+    for extra in ([], ["plan=true"]):
+        args = ["-m", *TINY, "seed=7", "trainer.max_steps=2,3", *extra, f"hydra.sweep.dir={tmp_path}/theirs_${{seed}}"]
+        line = one_line(run_cli(args, theirs, tiny_data))
+        assert f"hydra.sweep.dir={theirs} already holds files this project did not write" in line, line
+        assert snapshot(theirs) == kept
 
 
 @pytest.mark.slow

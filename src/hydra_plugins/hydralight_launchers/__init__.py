@@ -20,6 +20,7 @@ from hydralight.config.hydra_internals import basic_sweeper
 from hydralight.errors import EXIT_USER_ERROR, UserError, exit_on_user_error
 from hydralight.launch.launchers import HydralightLocalConf, HydralightSlurmConf, PlannedLauncherMixin, check_launcher
 from hydralight.rundir.outcome import REFUSED_HERE
+from hydralight.rundir.ownership import check_sweep_usable, claim_sweep_dir
 from hydralight.rundir.record import discard_refused_sweep, sweep_dir_kept_as_it_was
 from hydralight.rundir.redaction import SWEEP_RECORD
 
@@ -69,12 +70,24 @@ class CheckedSweeper(BasicSweeper):  # type: ignore[misc]
             return refused or self.config.get("plan") is True or (earlier and ran > 0 and len(REFUSED_HERE) == ran)
 
         with sweep_dir_kept_as_it_was(self.config, when=unchanged):
+            self._claim_sweep_dir()
             try:
                 returns.extend(super().sweep(arguments))
             except SystemExit as stop:
                 refused = stop.code == EXIT_USER_ERROR and not returns
                 raise
         return returns
+
+    @exit_on_user_error
+    def _claim_sweep_dir(self) -> None:
+        """The sweep dir as Hydra worked it out (`${...}` in it: not known before Hydra started, where a named one
+        was claimed), checked before the launcher writes its record there: a folder of the user's is refused as
+        it is, nothing written (a job dir of the user's in it was refused only as its job started)."""
+        path = Path(str(self.config.hydra.sweep.dir))
+        if self.config.get("plan") is True:
+            check_sweep_usable(path)
+        else:
+            claim_sweep_dir(path)
 
     @exit_on_user_error
     def _check(self, overrides: list[str]) -> None:
