@@ -39,7 +39,7 @@ from hydralight.rundir.launch import (
     restore_record,
     take_back_log,
 )
-from hydralight.rundir.layout import RESULTS
+from hydralight.rundir.layout import CHECKPOINTS, RESULTS
 from hydralight.rundir.lock import RunDirLock
 from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable, claim_sweep_dir, unshare
 from hydralight.rundir.record import remove_empty_folders
@@ -267,6 +267,14 @@ def main(cfg: DictConfig) -> float | None:
                     unshare(continued)
                 with RunDirLock(continued) if elsewhere else contextlib.nullcontext():
                     return run(plan, machine)
+        except KeyboardInterrupt:
+            # Ctrl-C before training took the signal (building, reading the data): a run dir this attempt began in
+            # a new or an empty folder holds nothing to continue from, and goes as a refused run's does.
+            if claim is not None and not claim.before and not (run_dir / CHECKPOINTS).exists():
+                claim.discard_added()
+                if discard_unused_run_dir(run_dir, keep_folder=not claim.made_folder) and job.sweep_dir is None:
+                    remove_empty_folders(_made_for_hydra)
+            raise
         except UserError as err:
             # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it), and
             # removes only what this attempt added: a folder that was there before stays.

@@ -13,7 +13,8 @@ class SignalAt(pl.Callback):
         self, step: int, signum: str = "SIGTERM", rank: int | None = None, during: str = "train", times: int = 1
     ) -> None:
         self.step, self.signum, self.rank, self.times = step, signal.Signals[signum], rank, times
-        # "train": after the step; "validation": in the validation that follows it; "train_end": as training ends
+        # "train": after the step; "validation": in the validation that follows it; "train_end": as training ends;
+        # "setup": as the stage is set up (step 0)
         self.during = during
         self.sent = False
 
@@ -22,6 +23,10 @@ class SignalAt(pl.Callback):
             self.sent = True
             for _ in range(self.times):  # twice: a second Ctrl-C before the first is acted on
                 os.kill(os.getpid(), self.signum)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.during == "setup":  # as the run builds, before training takes the signals
+            self._send(trainer)
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
         if self.during == "train":

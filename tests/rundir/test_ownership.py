@@ -364,3 +364,19 @@ def test_a_link_in_hydras_record_of_a_run_is_never_written_through(tiny_data, tm
                             tmp_path, tiny_data))  # fmt: skip
     assert "holds .hydra/config.yaml, a link to" in line, line
     assert notes.read_text() == "my notes\n" and snapshot(run) == before
+
+
+@pytest.mark.slow
+def test_ctrl_c_as_a_run_starts_leaves_no_run_dir_and_an_empty_folder_empty(tiny_data, tmp_path):
+    """Ctrl-C before training takes the signal (the run building) ended the run with 130 and left the run dir it had
+    begun (Hydra's record, the marker, the log), in a new folder and in an empty one of the user's."""
+    from conftest import HELPERS
+
+    stop = ["+callbacks.zz_signal._target_=signal_at.SignalAt", "+callbacks.zz_signal.step=0",
+            "+callbacks.zz_signal.signum=SIGINT", "+callbacks.zz_signal.during=setup"]  # fmt: skip
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for run in (tmp_path / "new" / "run", empty):
+        done = run_cli([*TINY, *stop], run, tiny_data, PYTHONPATH=str(HELPERS))
+        assert done.returncode == 130 and "interrupted" in done.stderr, (done.stdout[-2000:], done.stderr[-2000:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"] and list(empty.iterdir()) == []

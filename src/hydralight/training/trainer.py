@@ -183,6 +183,12 @@ def lightning_refusals(accumulation: int = 1) -> Iterator[None]:
 
     try:
         yield
+    except SystemExit as stop:
+        # Lightning ends a Ctrl-C it caught before the project took the signal (fit's set-up, the sanity check)
+        # with exit code 1 (`trainer/call.py`); it is a Ctrl-C, ended as one (130, a run dir begun for nothing goes).
+        if type(stop) is SystemExit and stop.code == 1 and isinstance(stop.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
+        raise
     except MisconfigurationException as err:
         said = _first_line(err)
         # Lightning names its own Trainer arguments; these the plan set from the user's keys.
