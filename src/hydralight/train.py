@@ -198,11 +198,12 @@ def _left_as_it_was_if_refused(plan: RunPlan, trainer: Any, record: Any) -> Iter
         raise
 
 
-def _claim_after_hydra(run_dir: Path) -> Claim:
+def _claim_after_hydra(run_dir: Path, swept: bool) -> Claim:
     """The job dir Hydra worked out and wrote its log and record into (`${...}` in it, a sweep's job), claimed by
     what it held before; refused, Hydra's record there is put back and its log taken back."""
+    key = "job dir" if swept else "hydra.run.dir"  # a sweep's job dirs are no key the user set
     try:
-        return Claim.take(run_dir.resolve(), hydra_wrote=True, found=found_before_hydra(run_dir))
+        return Claim.take(run_dir.resolve(), key, hydra_wrote=True, found=found_before_hydra(run_dir))
     except UserError:
         restore_record(run_dir, refused=True)
         take_back_log()
@@ -243,7 +244,7 @@ def main(cfg: DictConfig) -> float | None:
         claim = None
         try:
             if is_rank_zero():  # a folder of the user's is refused before anything of the run is written there
-                claim = claimed if locked and not plan_only else _claim_after_hydra(run_dir)
+                claim = claimed if locked and not plan_only else _claim_after_hydra(run_dir, job.sweep_dir is not None)
             machine = detect()
             # This node's other ranks start now and import while this one resolves and builds.
             with contextlib.nullcontext() if plan_only else early_ranks(*_ranks_asked(cfg, machine)):

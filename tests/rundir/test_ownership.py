@@ -333,7 +333,7 @@ def test_a_folder_of_the_users_found_only_as_hydra_works_out_the_dir_is_refused_
     shutil.copytree(mine, sweep / "1")
     done = run_cli([*args, "trainer.max_steps=2,3"], sweep, tiny_data)
     assert done.returncode == 1 and "1 of 2 jobs done" in done.stdout, done.stdout[-2000:]
-    assert "already holds files this project did not write" in done.stderr
+    assert f"job dir={sweep / '1'} already holds files this project did not write" in done.stderr
     assert snapshot(sweep / "1") == before and (sweep / "0" / "results.json").is_file()
     # A sweep dir of the user's found so (another Hydra app's sweep: its multirun.yaml, notes): refused whole.
     theirs = tmp_path / "theirs_7"
