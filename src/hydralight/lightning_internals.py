@@ -187,8 +187,9 @@ def sync_epoch_values(trainer: pl.Trainer) -> list[Any]:
     the step values already logged stay each rank's own, and no step pays a collective. Only values every rank
     logged are synced: one logged on some ranks alone (`if self.global_rank == 0: self.log(...)`) would leave the
     others' reductions unmatched. `sync_dist` is read when a value is logged; the results (`trainer._results`, each
-    value's `meta.sync`; `valid_items`, what the loop will compute) have no public accessor. Returns what it changed, for `unsync` once the epoch's values are
-    computed: Lightning refuses a value logged again with other settings."""
+    value's `meta.sync`; `valid_items`, what the loop will compute) have no public accessor. Returns what it
+    changed, for `unsync` once the epoch's values are computed: Lightning refuses a value logged again with other
+    settings."""
     results = trainer._results
     unsynced = {  # the values logged since the results were last reset, for the running loader (or the epoch's end)
         key: metric.meta.sync
@@ -522,8 +523,8 @@ class PlannedRanksModelParallel(_PlannedRanks, ModelParallelStrategy):
 
 class _CountsBackLauncher(_MultiProcessingLauncher):
     """ddp_spawn's launcher, also sending back to the main process what its workers' fit counted (the fit
-    loop's progress: steps and epochs; the test loop's batches) and what the callbacks measured into their records (`into`). Lightning
-    sends back only the weights, the best checkpoint's path and `callback_metrics`; its `get_extra_results` /
+    loop's progress: steps and epochs; the test loop's batches) and what the callbacks measured into their records
+    (`into`). Lightning sends back only the weights, the best checkpoint's path and `callback_metrics`; its `get_extra_results` /
     `update_main_process_results` pair is the documented place to add more, on a private class."""
 
     def get_extra_results(self, trainer: pl.Trainer) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from hydralight.rundir.launch import (
 from hydralight.rundir.layout import CHECKPOINTS, RESULTS
 from hydralight.rundir.lock import RunDirLock
 from hydralight.rundir.ownership import Claim, check_sweep_usable, check_usable, claim_sweep_dir, unshare
-from hydralight.rundir.record import remove_empty_folders
+from hydralight.rundir.record import discard_unused_run_dir, remove_empty_folders
 from hydralight.tasks.options import SCHEMAS as MODEL_SCHEMAS
 
 # The typed configs the shipped model and data options extend, and the resolvers conf/hydra names.
@@ -210,6 +210,15 @@ def _claim_after_hydra(run_dir: Path, swept: bool) -> Claim:
         raise
 
 
+def _discard_begun(claim: Claim, run_dir: Path, job: JobInfo) -> bool:
+    """A run dir that holds only this attempt's start-up record goes (a folder that was there before stays,
+    emptied of it), with the folders made for a single run's dated dir; whether it went."""
+    gone = discard_unused_run_dir(run_dir, keep_folder=not claim.made_folder)
+    if gone and job.sweep_dir is None:
+        remove_empty_folders(_made_for_hydra)
+    return gone
+
+
 def job_info() -> JobInfo:
     """What Hydra knows of the running job."""
     from hydra.core.hydra_config import HydraConfig
@@ -231,7 +240,7 @@ def job_info() -> JobInfo:
 def main(cfg: DictConfig) -> float | None:
     """One run, or one job of a sweep: resolve its plan (print it with `plan=true`) and run it."""
     from hydralight.config.resolve import resolve
-    from hydralight.rundir.record import discard_unused_run_dir, record_failure
+    from hydralight.rundir.record import record_failure
     from hydralight.training.machine import detect
 
     job = job_info()
@@ -273,8 +282,7 @@ def main(cfg: DictConfig) -> float | None:
             # a new or an empty folder holds nothing to continue from, and goes as a refused run's does.
             if claim is not None and not claim.before and not (run_dir / CHECKPOINTS).exists():
                 claim.discard_added()
-                if discard_unused_run_dir(run_dir, keep_folder=not claim.made_folder) and job.sweep_dir is None:
-                    remove_empty_folders(_made_for_hydra)
+                _discard_begun(claim, run_dir, job)
             raise
         except UserError as err:
             # A refused run leaves no half-made run dir behind (rank 0 made it; only rank 0 removes it), and
@@ -286,9 +294,7 @@ def main(cfg: DictConfig) -> float | None:
                     others_refused()  # none of them makes the run dir again after this clean-up
                 if getattr(err, "discard_run_dir", False):
                     claim.discard_added()
-                kept = not discard_unused_run_dir(run_dir, keep_folder=not claim.made_folder)
-                if not kept and job.sweep_dir is None:
-                    remove_empty_folders(_made_for_hydra)
+                kept = not _discard_begun(claim, run_dir, job)
                 restore_record(run_dir, refused=kept)  # an earlier run's record, as it was
                 # And its log (the refusal is on the console); a sweep's job keeps it unless earlier results stand.
                 if kept and not err.saved_something and (job.sweep_dir is None or (run_dir / RESULTS).is_file()):

@@ -257,6 +257,16 @@ def test_resume_of_a_folder_of_the_users_names_the_key_given(tiny_data, tmp_path
     assert snapshot(mine) == before
 
 
+def refused_as_a_sweep_dir(folder: Path, given: str, args: list[str], tiny_data: Path) -> None:
+    """`-m ARGS hydra.sweep.dir=GIVEN` naming a folder of the user's, run and with `plan=true`: one line naming the
+    folder, and every file of it as it was."""
+    before = snapshot(folder)
+    for extra in ([], ["plan=true"]):
+        line = one_line(run_cli(["-m", *args, *extra, f"hydra.sweep.dir={given}"], folder, tiny_data))
+        assert f"hydra.sweep.dir={folder} already holds files this project did not write" in line, line
+        assert snapshot(folder) == before
+
+
 @pytest.mark.slow
 def test_a_sweep_dir_of_the_users_is_refused_before_hydra_writes_in_it(tiny_data, tmp_path):
     """`-m hydra.sweep.dir=<a folder of the user's>`: Hydra's multirun.yaml and the launchers' jobs.json would be
@@ -264,12 +274,7 @@ def test_a_sweep_dir_of_the_users_is_refused_before_hydra_writes_in_it(tiny_data
     mine = users_folder(tmp_path)
     (mine / "multirun.yaml").write_text("mine: true\n")
     (mine / "jobs.json").write_text("[1, 2]\n")
-    before = snapshot(mine)
-    for extra in ([], ["plan=true"]):
-        args = ["-m", *TINY, "trainer.max_steps=2", "seed=1,2", *extra, f"hydra.sweep.dir={mine}"]
-        line = one_line(run_cli(args, mine, tiny_data))
-        assert f"hydra.sweep.dir={mine} already holds files this project did not write" in line, line
-        assert snapshot(mine) == before
+    refused_as_a_sweep_dir(mine, str(mine), [*TINY, "trainer.max_steps=2", "seed=1,2"], tiny_data)
     # A sweep dir of the project's is continued: the same sweep again finds its finished jobs.
     sweep = tmp_path / "sweep"
     args = ["-m", *TINY, "trainer.max_steps=2", "seed=1,2", f"hydra.sweep.dir={sweep}"]
@@ -340,12 +345,9 @@ def test_a_folder_of_the_users_found_only_as_hydra_works_out_the_dir_is_refused_
     theirs.mkdir()
     (theirs / "multirun.yaml").write_text("hydra: {}\n")
     (theirs / "notes.txt").write_text("mine\n")
-    kept = snapshot(theirs)
-    for extra in ([], ["plan=true"]):
-        args = ["-m", *TINY, "seed=7", "trainer.max_steps=2,3", *extra, f"hydra.sweep.dir={tmp_path}/theirs_${{seed}}"]
-        line = one_line(run_cli(args, theirs, tiny_data))
-        assert f"hydra.sweep.dir={theirs} already holds files this project did not write" in line, line
-        assert snapshot(theirs) == kept
+    refused_as_a_sweep_dir(
+        theirs, f"{tmp_path}/theirs_${{seed}}", [*TINY, "seed=7", "trainer.max_steps=2,3"], tiny_data
+    )
 
 
 @pytest.mark.slow
