@@ -106,7 +106,8 @@ def bind(
                 came = f"; it came from {origin}" if origin else ""
                 raise UserError(
                     f"{key}.{arg} is not an argument of {name} (it takes {', '.join(sorted(names)) or 'none'}){came}; "
-                    f"drop it with ~{key}.{arg}, or fix its name"
+                    f"drop it (leave {key}.{arg}=... off the command line, or ~{key}.{arg} where a config sets it), "
+                    "or fix its name"
                 )
     _check_annotated_types(target, spec, key, name)
     given = {k: v for k, v in offered.items() if k not in spec and (k in names or (open_ and k in through_kwargs))}
